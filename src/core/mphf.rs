@@ -1,0 +1,187 @@
+//! The [`Mphf`] value: header fields, the Rice bit vector and the double Elias–Fano, with
+//! size accounting and (de)serialization as one run of little-endian words (zero-copy loads).
+
+use super::elias_fano::DoubleEliasFano;
+use super::hash::KeyHashKind;
+use super::memo::Memo;
+use super::params::{Params, MAX_BUCKET, MAX_LEAF, MIN_LEAF};
+use super::rice::RiceBits;
+use super::words::{WordReader, WordWriter, Words};
+use crate::error::{MphfError, Result};
+
+/// Variant flags recorded in the header (spec §0). Only one combination exists today; the
+/// field makes a future variant an explicit format change rather than a silent misread.
+pub const FLAGS_H32_FIXED3_ROUNDUP: u64 = 0x1;
+const FLAG_ROTATION: u64 = 0x100;
+
+/// A RecSplit minimal perfect hash function over `n` keys: each key maps to a distinct value
+/// in `0..n`. Keys outside the build set map to an arbitrary value in `0..n` (or 0 when n = 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mphf {
+    /// ℓ, b and rotation.
+    pub(crate) params: Params,
+    /// Number of keys.
+    pub(crate) n: u64,
+    /// Number of buckets B.
+    pub(crate) num_buckets: u64,
+    /// Seed of the key hash (the last one tried when the build had to re-seed).
+    pub(crate) seed: u64,
+    /// How keys are hashed.
+    pub(crate) hash_kind: KeyHashKind,
+    /// The Golomb–Rice codes of all buckets.
+    pub(crate) rice: RiceBits,
+    /// λ and σ per bucket.
+    pub(crate) ef: DoubleEliasFano,
+    /// Memo tables for ℓ (process-wide, not serialized).
+    pub(crate) memo: &'static Memo,
+}
+
+impl Mphf {
+    /// Assembles an MPHF from its parts (used by the builders).
+    pub(crate) fn from_parts(
+        params: Params,
+        n: u64,
+        seed: u64,
+        hash_kind: KeyHashKind,
+        rice: RiceBits,
+        ef: DoubleEliasFano,
+    ) -> Mphf {
+        Mphf {
+            params,
+            n,
+            num_buckets: ef.num_buckets(),
+            seed,
+            hash_kind,
+            rice,
+            ef,
+            memo: Memo::get(params.leaf),
+        }
+    }
+
+    /// Number of keys (and of output values).
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+    /// True for an MPHF over no keys.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// The build parameters.
+    pub fn params(&self) -> Params {
+        self.params
+    }
+    /// The key-hash seed stored in the header.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+    /// How keys are hashed.
+    pub fn hash_kind(&self) -> KeyHashKind {
+        self.hash_kind
+    }
+    /// Number of buckets B.
+    pub fn num_buckets(&self) -> u64 {
+        self.num_buckets
+    }
+    /// Bits of the Rice vector (without padding).
+    pub fn rice_bits(&self) -> u64 {
+        self.rice.len
+    }
+    /// Size in bits of the structure as stored (header, R with padding, D).
+    pub fn size_bits(&self) -> u64 {
+        self.header_words() * 64 + self.rice.size_bits() + self.ef.size_bits()
+    }
+    /// Bits per key of the MPHF (0 for n = 0): R's code bits plus D, as in spec §11.
+    pub fn bits_per_key(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            (self.rice.len + self.ef.size_bits()) as f64 / self.n as f64
+        }
+    }
+    fn header_words(&self) -> u64 {
+        8
+    }
+
+    /// Serializes into `w` (little-endian words, see [`Mphf::read`]).
+    pub fn write(&self, w: &mut WordWriter) {
+        let mut flags = FLAGS_H32_FIXED3_ROUNDUP;
+        if self.params.rotation {
+            flags |= FLAG_ROTATION;
+        }
+        w.u64(self.n);
+        w.u64(self.num_buckets);
+        w.u64(self.params.leaf as u64);
+        w.u64(self.params.bucket as u64);
+        w.u64(flags);
+        w.u64(self.seed);
+        w.u64(self.hash_kind as u64);
+        w.u64(self.rice.len);
+        w.u64(self.rice.words.len() as u64);
+        w.words(&self.rice.words);
+        self.ef.write(w);
+    }
+
+    /// The serialized form as bytes.
+    pub fn write_bytes(&self) -> Vec<u8> {
+        let mut w = WordWriter::new();
+        self.write(&mut w);
+        w.into_bytes()
+    }
+
+    /// Reads an MPHF written by [`Mphf::write`], borrowing its arrays from the reader's words.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] for truncated data, unknown flags or inconsistent fields.
+    pub fn read(r: &mut WordReader) -> Result<Mphf> {
+        let n = r.u64("key count")?;
+        let num_buckets = r.u64("bucket count")?;
+        let leaf = r.u64("leaf size")?;
+        let bucket = r.u64("bucket size")?;
+        let flags = r.u64("flags")?;
+        let seed = r.u64("seed")?;
+        let kind = r.u64("hash kind")?;
+        let rice_len = r.u64("rice length")?;
+        let rice_words = r.u64("rice word count")?;
+        if !(MIN_LEAF as u64..=MAX_LEAF as u64).contains(&leaf) || !(1..=MAX_BUCKET as u64).contains(&bucket) {
+            return Err(MphfError::Format(format!("parameters out of range: leaf {leaf}, bucket {bucket}")));
+        }
+        if flags & !FLAG_ROTATION != FLAGS_H32_FIXED3_ROUNDUP {
+            return Err(MphfError::Format(format!("unknown variant flags {flags:#x}")));
+        }
+        let hash_kind = u32::try_from(kind)
+            .ok()
+            .and_then(KeyHashKind::from_tag)
+            .ok_or_else(|| MphfError::Format(format!("unknown key hash kind {kind}")))?;
+        let params = Params { leaf: leaf as usize, bucket: bucket as usize, rotation: flags & FLAG_ROTATION != 0 };
+        if num_buckets != params.num_buckets(n) {
+            return Err(MphfError::Format(format!("bucket count {num_buckets} does not match {n} keys at b = {bucket}")));
+        }
+        if rice_words != rice_len / 64 + 2 && rice_words != rice_len.div_ceil(64) + 1 {
+            return Err(MphfError::Format(format!("rice vector of {rice_words} words cannot hold {rice_len} bits")));
+        }
+        let words = r.words(rice_words, "rice vector")?;
+        let rice = RiceBits { words, len: rice_len };
+        let ef = DoubleEliasFano::read(r)?;
+        if ef.num_buckets() != num_buckets {
+            return Err(MphfError::Format("Elias-Fano bucket count does not match the header".into()));
+        }
+        if num_buckets > 0 {
+            let (_, total, _) = ef.get(num_buckets - 1);
+            let (_, _, last_sigma) = ef.get(num_buckets - 1);
+            if total != n || last_sigma > rice_len {
+                return Err(MphfError::Format("Elias-Fano totals do not match the header".into()));
+            }
+        }
+        Ok(Mphf::from_parts(params, n, seed, hash_kind, rice, ef))
+    }
+
+    /// Reads an MPHF from bytes (copied into an aligned buffer).
+    ///
+    /// # Errors
+    /// As [`Mphf::read`].
+    pub fn read_bytes(bytes: &[u8]) -> Result<Mphf> {
+        let words = Words::from_bytes(bytes)?;
+        let mut r = WordReader::new(&words);
+        Mphf::read(&mut r)
+    }
+}

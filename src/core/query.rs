@@ -1,0 +1,152 @@
+//! Queries (spec §9): one key, or a batch with software prefetching.
+//!
+//! A query hashes the key, reads `(λ_i, λ_{i+1}, σ_i)` of its bucket from the Elias–Fano, then
+//! walks the bucket's tree: at each level it reads one descriptor, hashes once to pick the
+//! child, and skips the fixed bits and unary terminators of the siblings before it (spec §7.5).
+//!
+//! The batched form ([`Mphf::index_batch`]) runs the lookups of a batch as a pipeline, as
+//! PtrHash's streaming queries do: keys `DIST` ahead get their Elias–Fano lines prefetched, so
+//! the cache misses of independent keys overlap instead of queuing.
+
+use super::bits::prefetch;
+use super::hash::{bucket_of, range_h32, Hash128, Key, SEED_AGG1, SEED_AGG2, SEED_LEAF, START_SEEDS};
+use super::mphf::Mphf;
+use super::rice::RiceCursor;
+use super::tree::{lower_aggr, split_left, upper_aggr};
+
+/// How far ahead the batched query prefetches.
+const DIST: usize = 16;
+
+impl Mphf {
+    /// The value in `0..n` of `key` (n = 0: 0).
+    ///
+    /// Keys outside the build set get an arbitrary value; the column index verifies membership.
+    ///
+    /// # Panics
+    /// In debug builds, if `K`'s hashing scheme differs from the one the MPHF was built with.
+    #[inline]
+    pub fn index<K: Key + ?Sized>(&self, key: &K) -> u64 {
+        debug_assert_eq!(K::KIND, self.hash_kind, "key type hashes differently from the build keys");
+        self.index_hash(key.hash128(self.seed))
+    }
+
+    /// The value of a key given its 128-bit hash under [`Mphf::seed`].
+    #[inline]
+    pub fn index_hash(&self, h: Hash128) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let bucket = bucket_of(h.hi, self.num_buckets);
+        let (cum, next, pos) = self.ef.get(bucket);
+        self.walk(h.lo, cum, next - cum, pos)
+    }
+
+    /// Values of many keys; `out[i]` = `index(keys[i])`. Interleaves the lookups (see module docs).
+    pub fn index_batch<K: Key>(&self, keys: &[K], out: &mut [u64]) {
+        assert_eq!(keys.len(), out.len(), "index_batch: {} keys but {} outputs", keys.len(), out.len());
+        self.index_batch_with(keys.len(), |i| keys[i].hash128(self.seed), out);
+    }
+
+    /// Batched query over keys given by a hash function of their position: `out[i]` =
+    /// `index_hash(hash_at(i))`. This is the entry point for Arrow arrays.
+    pub fn index_batch_with(&self, len: usize, hash_at: impl Fn(usize) -> Hash128, out: &mut [u64]) {
+        assert!(out.len() >= len, "index_batch_with: {len} keys but {} outputs", out.len());
+        if self.n == 0 {
+            out[..len].fill(0);
+            return;
+        }
+        let mut ring = [(Hash128::default(), 0u64); DIST];
+        let warm = len.min(DIST);
+        for (i, slot) in ring.iter_mut().enumerate().take(warm) {
+            let h = hash_at(i);
+            let b = bucket_of(h.hi, self.num_buckets);
+            self.ef.prefetch(b);
+            *slot = (h, b);
+        }
+        for i in 0..len {
+            let (h, b) = ring[i % DIST];
+            let ahead = i + DIST;
+            if ahead < len {
+                let h2 = hash_at(ahead);
+                let b2 = bucket_of(h2.hi, self.num_buckets);
+                self.ef.prefetch(b2);
+                ring[i % DIST] = (h2, b2);
+            }
+            let (cum, next, pos) = self.ef.get(b);
+            prefetch(self.rice.words.as_ptr().wrapping_add((pos / 64) as usize));
+            out[i] = self.walk(h.lo, cum, next - cum, pos);
+        }
+    }
+
+    #[inline(always)]
+    fn walk(&self, lo: u64, cum: u64, m: u64, pos: u64) -> u64 {
+        if m <= 1 {
+            return cum;
+        }
+        macro_rules! dispatch {
+            ($($l:literal)*) => {
+                match self.params.leaf {
+                    $($l => walk_tree::<$l>(self, lo, cum, m as usize, pos),)*
+                    other => unreachable!("leaf size {other} passed validation"),
+                }
+            };
+        }
+        dispatch!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
+    }
+}
+
+/// The tree walk of spec §9 for leaf size `L`.
+#[inline(always)]
+fn walk_tree<const L: usize>(f: &Mphf, lo: u64, mut cum: u64, mut m: usize, pos: u64) -> u64 {
+    let memo = f.memo;
+    let a1 = lower_aggr(L);
+    let a2 = upper_aggr(L);
+    let mut cur = RiceCursor::new(&f.rice.words, pos, pos + memo.skip[m] as u64);
+    let mut depth = 0usize;
+    while m > a2 {
+        let d = cur.read(memo.tau[m] as u32);
+        let left = split_left(m, a2);
+        if (range_h32(lo.wrapping_add(START_SEEDS[depth]).wrapping_add(d), m as u32) as usize) < left {
+            m = left;
+        } else {
+            cur.skip(memo.nodes[left] as u64, memo.skip[left] as u64);
+            cum += left as u64;
+            m -= left;
+        }
+        depth += 1;
+    }
+    if m > a1 {
+        let d = cur.read(memo.tau[m] as u32);
+        let j = range_h32(lo.wrapping_add(SEED_AGG2).wrapping_add(d), m as u32) as usize / a1;
+        if j > 0 {
+            cur.skip(j as u64 * memo.nodes[a1] as u64, j as u64 * memo.skip[a1] as u64);
+            cum += (j * a1) as u64;
+        }
+        m = a1.min(m - j * a1);
+    }
+    if m > L {
+        let d = cur.read(memo.tau[m] as u32);
+        let j = range_h32(lo.wrapping_add(SEED_AGG1).wrapping_add(d), m as u32) as usize / L;
+        if j > 0 {
+            cur.skip(j as u64, j as u64 * memo.skip[L] as u64);
+            cum += (j * L) as u64;
+        }
+        m = L.min(m - j * L);
+    }
+    if m <= 1 {
+        return cum;
+    }
+    let d = cur.read(memo.tau[m] as u32);
+    let v = if f.params.rotation && m == L {
+        let r = d % L as u64;
+        let v = range_h32(lo.wrapping_add(SEED_LEAF).wrapping_add(d - r), L as u32) as u64;
+        if lo & 1 == 1 {
+            (v + r) % L as u64
+        } else {
+            v
+        }
+    } else {
+        range_h32(lo.wrapping_add(SEED_LEAF).wrapping_add(d), m as u32) as u64
+    };
+    cum + v
+}

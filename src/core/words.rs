@@ -1,0 +1,260 @@
+//! `Words`: an immutable `[u64]` that is either owned or borrowed from a memory map.
+//!
+//! Every array of a serialized MPHF (Rice bits, Elias–Fano parts, keys) is a run of
+//! little-endian `u64` words at an 8-byte-aligned offset, so a loaded index points straight
+//! into the mapped file instead of copying it. [`WordReader`] hands out such views with bounds
+//! checks; a truncated file becomes an error, never an out-of-bounds read.
+//!
+//! Invariant: the `[u64]` a `Words` derefs to lies inside its backing allocation, which is
+//! 8-byte aligned and kept alive by the `Arc` for as long as the `Words` (or a clone) lives.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::error::{MphfError, Result};
+
+#[cfg(target_endian = "big")]
+compile_error!("datafusion-mphf reads its files in place and supports little-endian targets only");
+
+/// What a [`Words`] borrows from.
+#[derive(Clone)]
+enum Backing {
+    /// An owned vector.
+    Vec(Arc<Vec<u64>>),
+    /// A read-only memory map; its start is page-aligned.
+    Map(Arc<memmap2::Mmap>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Vec(v) => {
+                // SAFETY: a `[u64]` is a valid `[u8]` of 8× the length, same allocation.
+                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
+            }
+            Backing::Map(m) => m,
+        }
+    }
+}
+
+/// An immutable word array, owned or borrowed from a memory map. Cheap to clone.
+#[derive(Clone)]
+pub struct Words {
+    backing: Backing,
+    /// Start, in words, inside the backing.
+    start: usize,
+    /// Length in words.
+    len: usize,
+}
+
+impl Words {
+    /// An empty array.
+    pub fn empty() -> Words {
+        Words::from(Vec::new())
+    }
+
+    /// Wraps a whole memory map; fails if its length is not a multiple of 8.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] when the map's length is not a whole number of words.
+    pub fn from_mmap(map: memmap2::Mmap) -> Result<Words> {
+        if map.len() % 8 != 0 {
+            return Err(MphfError::Format(format!(
+                "file length {} is not a multiple of 8 bytes",
+                map.len()
+            )));
+        }
+        // A page-aligned map is 8-byte aligned; checked anyway since the cast below needs it.
+        if map.as_ptr() as usize % 8 != 0 {
+            return Err(MphfError::Format("memory map is not 8-byte aligned".into()));
+        }
+        let len = map.len() / 8;
+        Ok(Words { backing: Backing::Map(Arc::new(map)), start: 0, len })
+    }
+
+    /// Copies bytes (whose length must be a multiple of 8) into an owned, aligned array.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] when the length is not a whole number of words.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Words> {
+        if bytes.len() % 8 != 0 {
+            return Err(MphfError::Format(format!(
+                "length {} is not a multiple of 8 bytes",
+                bytes.len()
+            )));
+        }
+        let v = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("chunk of 8")))
+            .collect::<Vec<u64>>();
+        Ok(Words::from(v))
+    }
+
+    /// A sub-range `[start, start+len)` of this array, sharing the backing.
+    ///
+    /// # Panics
+    /// If the range is out of bounds.
+    pub fn slice(&self, start: usize, len: usize) -> Words {
+        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "slice {start}+{len} out of {} words", self.len);
+        Words { backing: self.backing.clone(), start: self.start + start, len }
+    }
+
+    /// The words as bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.backing.bytes()[self.start * 8..(self.start + self.len) * 8]
+    }
+
+    /// True when the words live in a memory map (not copied).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Map(_))
+    }
+}
+
+impl From<Vec<u64>> for Words {
+    fn from(v: Vec<u64>) -> Words {
+        let len = v.len();
+        Words { backing: Backing::Vec(Arc::new(v)), start: 0, len }
+    }
+}
+
+impl Deref for Words {
+    type Target = [u64];
+    #[inline(always)]
+    fn deref(&self) -> &[u64] {
+        let bytes = self.backing.bytes();
+        debug_assert!((self.start + self.len) * 8 <= bytes.len());
+        // SAFETY: the range lies inside the backing (checked by every constructor and by
+        // `slice`), the backing is 8-byte aligned (Vec<u64>, or a map checked in `from_mmap`),
+        // and it lives as long as `self` through the Arc.
+        unsafe { std::slice::from_raw_parts((bytes.as_ptr() as *const u64).add(self.start), self.len) }
+    }
+}
+
+impl fmt::Debug for Words {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Words(len={}, mapped={})", self.len, self.is_mapped())
+    }
+}
+
+impl PartialEq for Words {
+    fn eq(&self, other: &Words) -> bool {
+        **self == **other
+    }
+}
+impl Eq for Words {}
+
+/// Reads consecutive values and word arrays from a [`Words`], with bounds checks.
+pub struct WordReader<'a> {
+    data: &'a Words,
+    pos: usize,
+}
+
+impl<'a> WordReader<'a> {
+    /// A reader at the start of `data`.
+    pub fn new(data: &'a Words) -> Self {
+        WordReader { data, pos: 0 }
+    }
+
+    /// Position in words.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Words left.
+    pub fn remaining(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    /// Reads one word.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] ("truncated") at the end of the data.
+    pub fn u64(&mut self, what: &str) -> Result<u64> {
+        let v = *self
+            .data
+            .get(self.pos)
+            .ok_or_else(|| MphfError::Format(format!("truncated while reading {what}")))?;
+        self.pos += 1;
+        Ok(v)
+    }
+
+    /// Reads one word that must fit a `usize` below `limit`.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] when truncated or when the value is `≥ limit`.
+    pub fn bounded(&mut self, what: &str, limit: u64) -> Result<u64> {
+        let v = self.u64(what)?;
+        if v >= limit {
+            return Err(MphfError::Format(format!("{what} = {v} is out of range (limit {limit})")));
+        }
+        Ok(v)
+    }
+
+    /// Takes the next `len` words as a shared view.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] ("truncated") if fewer than `len` words remain.
+    pub fn words(&mut self, len: u64, what: &str) -> Result<Words> {
+        if len > self.remaining() as u64 {
+            return Err(MphfError::Format(format!(
+                "truncated while reading {what}: need {len} words, {} left",
+                self.remaining()
+            )));
+        }
+        let w = self.data.slice(self.pos, len as usize);
+        self.pos += len as usize;
+        Ok(w)
+    }
+}
+
+/// Appends values and word arrays, the mirror of [`WordReader`].
+#[derive(Default)]
+pub struct WordWriter {
+    /// The words written so far.
+    pub out: Vec<u64>,
+}
+
+impl WordWriter {
+    /// An empty writer.
+    pub fn new() -> Self {
+        WordWriter::default()
+    }
+    /// Appends one word.
+    pub fn u64(&mut self, v: u64) {
+        self.out.push(v);
+    }
+    /// Appends a word array (its length must be written separately by the caller).
+    pub fn words(&mut self, w: &[u64]) {
+        self.out.extend_from_slice(w);
+    }
+    /// The words as little-endian bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.out.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_bounds() {
+        let w = Words::from(vec![1, 2, 3]);
+        let mut r = WordReader::new(&w);
+        assert_eq!(r.u64("a").unwrap(), 1);
+        assert_eq!(&*r.words(2, "b").unwrap(), &[2, 3]);
+        assert_eq!(r.u64("c").unwrap_err().to_string(), "invalid index file: truncated while reading c");
+        let mut r = WordReader::new(&w);
+        assert!(r.words(4, "x").is_err());
+        assert!(r.bounded("y", 1).is_err());
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let w = Words::from(vec![u64::MAX, 7]);
+        let b = w.as_bytes().to_vec();
+        assert_eq!(Words::from_bytes(&b).unwrap(), w);
+        assert!(Words::from_bytes(&b[..5]).is_err());
+    }
+}

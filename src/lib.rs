@@ -1,0 +1,12 @@
+//! # datafusion-mphf
+//!
+//! RecSplit minimal perfect hash functions (MPHFs) over Arrow key columns, built on all CPU
+//! cores (rayon) or on an NVIDIA GPU (cudarc), and DataFusion operators that use the dense
+//! slots instead of probed hash tables. See the README.
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod core;
+pub mod error;
+
+pub use error::{MphfError, Result};
