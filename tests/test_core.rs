@@ -91,3 +91,139 @@ fn duplicate_is_named() {
     assert_eq!(m.len(), 5);
     assert_eq!(r.duplicates_removed, 1);
 }
+
+/// A key set whose first two keys collide on their full hash under seed 0 only (spec §12.7:
+/// an injected `lo` collision must re-seed, and the final seed is stored).
+struct Colliding(Vec<u64>);
+
+impl datafusion_mphf::core::KeySet for Colliding {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn hash_kind(&self) -> datafusion_mphf::core::KeyHashKind {
+        datafusion_mphf::core::KeyHashKind::Integer
+    }
+    fn hash128(&self, i: usize, seed: u64) -> datafusion_mphf::core::Hash128 {
+        let k = if seed == 0 && i == 1 { self.0[0] } else { self.0[i] };
+        datafusion_mphf::core::hash::hash_u64(k, seed)
+    }
+    fn keys_equal(&self, i: usize, j: usize) -> bool {
+        self.0[i] == self.0[j]
+    }
+    fn describe(&self, i: usize) -> String {
+        self.0[i].to_string()
+    }
+}
+
+#[test]
+fn injected_collision_reseeds() {
+    let keys = Colliding(random_keys(10_000, 11));
+    let (m, report) = Builder::new(Params::DEFAULT).build_with_report(&keys).unwrap();
+    assert_eq!(report.attempts, 2);
+    assert_eq!(m.seed(), 1);
+    let mut seen = vec![false; keys.0.len()];
+    for k in &keys.0 {
+        let v = m.index(k) as usize;
+        assert!(!seen[v]);
+        seen[v] = true;
+    }
+    // The seed survives serialization.
+    let back = Mphf::read_bytes(&m.write_bytes()).unwrap();
+    assert_eq!(back.seed(), 1);
+    assert_eq!(back, m);
+}
+
+/// All keys in one bucket whatever the seed: the size cap must stop the build (spec §12.8).
+struct OneBucket(usize);
+
+impl datafusion_mphf::core::KeySet for OneBucket {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn hash_kind(&self) -> datafusion_mphf::core::KeyHashKind {
+        datafusion_mphf::core::KeyHashKind::Integer
+    }
+    fn hash128(&self, i: usize, seed: u64) -> datafusion_mphf::core::Hash128 {
+        datafusion_mphf::core::Hash128 { hi: 0, lo: datafusion_mphf::core::hash::mix64(i as u64 ^ seed) }
+    }
+    fn keys_equal(&self, i: usize, j: usize) -> bool {
+        i == j
+    }
+    fn describe(&self, i: usize) -> String {
+        i.to_string()
+    }
+}
+
+#[test]
+fn oversized_bucket_is_an_error() {
+    let e = Builder::new(Params::try_new(8, 2000, false).unwrap()).max_seeds(3).build(&OneBucket(4000)).unwrap_err();
+    assert_eq!(e.to_string(), "a bucket holds 4000 keys (limit 3000) after 3 seeds");
+    // 2999 keys in one bucket is legal (b = 2000 means B = 2).
+    let m = Builder::new(Params::try_new(8, 2000, false).unwrap()).build(&OneBucket(2999)).unwrap();
+    assert_eq!(m.len(), 2999);
+}
+
+#[test]
+fn watchdog_reports_instead_of_hanging() {
+    let keys = random_keys(5000, 5);
+    let e = Builder::new(Params::try_new(16, 2000, false).unwrap()).watchdog(64).build(&keys).unwrap_err();
+    assert!(matches!(e, MphfError::Watchdog { limit: 64, .. }), "{e}");
+}
+
+#[test]
+fn string_keys() {
+    let keys: Vec<String> = (0..50_000).map(|i| format!("customer#{i:09}")).collect();
+    let m = Builder::new(Params::try_new(8, 100, true).unwrap()).build(&keys).unwrap();
+    let mut seen = vec![false; keys.len()];
+    for k in &keys {
+        let v = m.index(k) as usize;
+        assert!(!seen[v]);
+        seen[v] = true;
+    }
+    let strs: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
+    let m2 = Builder::new(Params::try_new(8, 100, true).unwrap()).build(&strs).unwrap();
+    assert_eq!(m.write_bytes(), m2.write_bytes());
+    let e = Builder::new(Params::DEFAULT).build(&vec!["a", "b", "a"]).unwrap_err();
+    assert_eq!(e.to_string(), "duplicate key \"a\" in the input (pass the deduplicate option to drop repeated keys)");
+}
+
+#[test]
+fn adversarial_integer_patterns() {
+    let p = Params::DEFAULT;
+    let consecutive: Vec<u64> = (0..100_000).collect();
+    let strided: Vec<u64> = (0..100_000u64).map(|i| i << 32).collect();
+    let high_bits: Vec<u64> = (0..60_000u64).map(|i| i.reverse_bits()).collect();
+    let signed: Vec<i64> = (-50_000..50_000).collect();
+    for keys in [consecutive, strided, high_bits] {
+        let m = Builder::new(p).build(&keys).unwrap();
+        assert_bijection(&m, &keys);
+    }
+    let m = Builder::new(p).build(&signed).unwrap();
+    let mut seen = vec![false; signed.len()];
+    for k in &signed {
+        let v = m.index(k) as usize;
+        assert!(!seen[v]);
+        seen[v] = true;
+    }
+}
+
+#[test]
+fn serialization_round_trip() {
+    for (n, l, b, r) in [(0usize, 8, 100, false), (1, 8, 100, false), (5000, 5, 5, true), (20_000, 16, 2000, true)] {
+        let keys = random_keys(n, n as u64 + 1);
+        let m = Builder::new(Params::try_new(l, b, r).unwrap()).build(&keys).unwrap();
+        let bytes = m.write_bytes();
+        let back = Mphf::read_bytes(&bytes).unwrap();
+        assert_eq!(back.write_bytes(), bytes);
+        for k in &keys {
+            assert_eq!(back.index(k), m.index(k));
+        }
+        if n == 0 {
+            assert_eq!(m.index(&123u64), 0);
+        }
+        // Every truncation is an error, never a panic.
+        for cut in (0..bytes.len()).step_by(8) {
+            assert!(Mphf::read_bytes(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+    }
+}

@@ -186,9 +186,13 @@ mod tests {
         let mut b = RiceBuilder::new();
         for i in 0..3000u64 {
             x = crate::core::hash::mix64(x.wrapping_add(i));
-            let tau = (x % 32) as u32;
+            let mut tau = (x % 32) as u32;
             let d = match i % 7 {
-                0 => (x >> 8) % (1u64 << 33) | (1 << 32),
+                0 => {
+                    // d ≥ 2^32 with a quotient of at most a few words (realistic τ for huge d).
+                    tau = tau.max(28);
+                    (x >> 8) % (1u64 << 33) | (1 << 32)
+                }
                 1 => ((x >> 8) % 300) << tau,
                 _ => (x >> 9) % (1u64 << (tau + 2)),
             };
