@@ -660,6 +660,11 @@ struct Solver<const L: usize> {
 }
 
 impl<const L: usize> Solver<L> {
+    /// First-aggregation unit A1 for this ℓ (a compile-time constant per instance).
+    const A1: usize = lower_aggr(L);
+    /// Second-aggregation unit A2 for this ℓ.
+    const A2: usize = upper_aggr(L);
+
     fn node(&self, keys: &mut [u64], scratch: &mut [u64], depth: usize, out: &mut Vec<u64>) -> std::result::Result<(), SolveError> {
         let m = keys.len();
         if m <= 1 {
@@ -670,8 +675,7 @@ impl<const L: usize> Solver<L> {
             out.push(d);
             return Ok(());
         }
-        let a1 = lower_aggr(L);
-        let a2 = upper_aggr(L);
+        let (a1, a2) = (Self::A1, Self::A2);
         let (unit, seed) = if m <= a1 {
             (L, SEED_AGG1)
         } else if m <= a2 {
@@ -686,7 +690,7 @@ impl<const L: usize> Solver<L> {
             self.node(l, scratch, depth + 1, out)?;
             return self.node(r, scratch, depth + 1, out);
         };
-        let d = self.split_agg(keys, unit, seed)?;
+        let d = if unit == L { self.split_agg::<false>(keys)? } else { self.split_agg::<true>(keys)? };
         out.push(d);
         let fanout = m.div_ceil(unit);
         let mut starts = [0usize; 9];
@@ -787,7 +791,11 @@ impl<const L: usize> Solver<L> {
     /// First `d` splitting the keys into chunks of `unit` (spec §6.1), with 8-bit packed
     /// counters (spec §6.3): byte j counts child j; fanout ≤ 9, so child 8 adds nothing and the
     /// whole word is compared with the target.
-    fn split_agg(&self, keys: &[u64], unit: usize, seed: u64) -> std::result::Result<u64, SolveError> {
+    ///
+    /// `LEVEL2` selects Agg2 (unit A1, seed S17) over Agg1 (unit ℓ, seed S18); both units are
+    /// compile-time constants, so `/ unit` becomes a multiply and shift (spec §6.1).
+    fn split_agg<const LEVEL2: bool>(&self, keys: &[u64]) -> std::result::Result<u64, SolveError> {
+        let (unit, seed) = if LEVEL2 { (Self::A1, SEED_AGG2) } else { (L, SEED_AGG1) };
         let m = keys.len();
         let fanout = m.div_ceil(unit);
         let mut target = 0u64;
