@@ -23,9 +23,11 @@ fn build(c: &mut Criterion) {
     g.throughput(Throughput::Elements(N as u64));
     for (l, b, r) in CONFIGS {
         let p = Params::try_new(l, b, r).unwrap();
-        g.bench_with_input(BenchmarkId::from_parameter(format!("l{l}_b{b}_rot{r}")), &p, |bench, p| {
-            bench.iter(|| Builder::new(*p).build(&keys).unwrap())
-        });
+        g.bench_with_input(
+            BenchmarkId::from_parameter(format!("l{l}_b{b}_rot{r}")),
+            &p,
+            |bench, p| bench.iter(|| Builder::new(*p).build(&keys).unwrap()),
+        );
     }
     g.finish();
 }

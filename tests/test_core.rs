@@ -32,7 +32,13 @@ fn random_keys(n: usize, seed: u64) -> Vec<u64> {
 
 #[test]
 fn small_n_every_size() {
-    for &(leaf, bucket, rot) in &[(8, 100, false), (5, 5, true), (2, 1, false), (12, 2000, true), (3, 50, false)] {
+    for &(leaf, bucket, rot) in &[
+        (8, 100, false),
+        (5, 5, true),
+        (2, 1, false),
+        (12, 2000, true),
+        (3, 50, false),
+    ] {
         let p = Params::try_new(leaf, bucket, rot).unwrap();
         for n in 0..=2000usize {
             if n > 300 && n % 7 != 0 && leaf >= 12 {
@@ -85,9 +91,15 @@ fn deterministic_across_threads() {
 fn duplicate_is_named() {
     let keys = vec![1u64, 2, 3, 42, 5, 42];
     let e = Builder::new(Params::DEFAULT).build(&keys).unwrap_err();
-    assert_eq!(e.to_string(), "duplicate key 42 in the input (pass the deduplicate option to drop repeated keys)");
+    assert_eq!(
+        e.to_string(),
+        "duplicate key 42 in the input (pass the deduplicate option to drop repeated keys)"
+    );
     assert!(matches!(e, MphfError::DuplicateKey { .. }));
-    let (m, r) = Builder::new(Params::DEFAULT).deduplicate(true).build_with_report(&keys).unwrap();
+    let (m, r) = Builder::new(Params::DEFAULT)
+        .deduplicate(true)
+        .build_with_report(&keys)
+        .unwrap();
     assert_eq!(m.len(), 5);
     assert_eq!(r.duplicates_removed, 1);
 }
@@ -144,7 +156,10 @@ impl datafusion_mphf::core::KeySet for OneBucket {
         datafusion_mphf::core::KeyHashKind::Integer
     }
     fn hash128(&self, i: usize, seed: u64) -> datafusion_mphf::core::Hash128 {
-        datafusion_mphf::core::Hash128 { hi: 0, lo: datafusion_mphf::core::hash::mix64(i as u64 ^ seed) }
+        datafusion_mphf::core::Hash128 {
+            hi: 0,
+            lo: datafusion_mphf::core::hash::mix64(i as u64 ^ seed),
+        }
     }
     fn keys_equal(&self, i: usize, j: usize) -> bool {
         i == j
@@ -156,24 +171,34 @@ impl datafusion_mphf::core::KeySet for OneBucket {
 
 #[test]
 fn oversized_bucket_is_an_error() {
-    let e = Builder::new(Params::try_new(8, 2000, false).unwrap()).max_seeds(3).build(&OneBucket(4000)).unwrap_err();
+    let e = Builder::new(Params::try_new(8, 2000, false).unwrap())
+        .max_seeds(3)
+        .build(&OneBucket(4000))
+        .unwrap_err();
     assert_eq!(e.to_string(), "a bucket holds 4000 keys (limit 3000) after 3 seeds");
     // 2999 keys in one bucket is legal (b = 2000 means B = 2).
-    let m = Builder::new(Params::try_new(8, 2000, false).unwrap()).build(&OneBucket(2999)).unwrap();
+    let m = Builder::new(Params::try_new(8, 2000, false).unwrap())
+        .build(&OneBucket(2999))
+        .unwrap();
     assert_eq!(m.len(), 2999);
 }
 
 #[test]
 fn watchdog_reports_instead_of_hanging() {
     let keys = random_keys(5000, 5);
-    let e = Builder::new(Params::try_new(16, 2000, false).unwrap()).watchdog(64).build(&keys).unwrap_err();
+    let e = Builder::new(Params::try_new(16, 2000, false).unwrap())
+        .watchdog(64)
+        .build(&keys)
+        .unwrap_err();
     assert!(matches!(e, MphfError::Watchdog { limit: 64, .. }), "{e}");
 }
 
 #[test]
 fn string_keys() {
     let keys: Vec<String> = (0..50_000).map(|i| format!("customer#{i:09}")).collect();
-    let m = Builder::new(Params::try_new(8, 100, true).unwrap()).build(&keys).unwrap();
+    let m = Builder::new(Params::try_new(8, 100, true).unwrap())
+        .build(&keys)
+        .unwrap();
     let mut seen = vec![false; keys.len()];
     for k in &keys {
         let v = m.index(k) as usize;
@@ -181,10 +206,15 @@ fn string_keys() {
         seen[v] = true;
     }
     let strs: Vec<&str> = keys.iter().map(|s| s.as_str()).collect();
-    let m2 = Builder::new(Params::try_new(8, 100, true).unwrap()).build(&strs).unwrap();
+    let m2 = Builder::new(Params::try_new(8, 100, true).unwrap())
+        .build(&strs)
+        .unwrap();
     assert_eq!(m.write_bytes(), m2.write_bytes());
     let e = Builder::new(Params::DEFAULT).build(&vec!["a", "b", "a"]).unwrap_err();
-    assert_eq!(e.to_string(), "duplicate key \"a\" in the input (pass the deduplicate option to drop repeated keys)");
+    assert_eq!(
+        e.to_string(),
+        "duplicate key \"a\" in the input (pass the deduplicate option to drop repeated keys)"
+    );
 }
 
 #[test]
@@ -209,7 +239,12 @@ fn adversarial_integer_patterns() {
 
 #[test]
 fn serialization_round_trip() {
-    for (n, l, b, r) in [(0usize, 8, 100, false), (1, 8, 100, false), (5000, 5, 5, true), (20_000, 16, 2000, true)] {
+    for (n, l, b, r) in [
+        (0usize, 8, 100, false),
+        (1, 8, 100, false),
+        (5000, 5, 5, true),
+        (20_000, 16, 2000, true),
+    ] {
         let keys = random_keys(n, n as u64 + 1);
         let m = Builder::new(Params::try_new(l, b, r).unwrap()).build(&keys).unwrap();
         let bytes = m.write_bytes();

@@ -18,7 +18,11 @@ fn check_bijection<K: datafusion_mphf::core::Key>(m: &Mphf, keys: &[K]) -> Resul
 }
 
 fn params() -> impl Strategy<Value = Params> {
-    (2usize..=12, prop_oneof![Just(1usize), Just(5), Just(50), Just(100), Just(2000)], any::<bool>())
+    (
+        2usize..=12,
+        prop_oneof![Just(1usize), Just(5), Just(50), Just(100), Just(2000)],
+        any::<bool>(),
+    )
         .prop_map(|(l, b, r)| Params::try_new(l, b, r).unwrap())
 }
 

@@ -96,6 +96,9 @@ mod tests {
         assert_eq!(read_bits(&w, 0, 8), 0x10);
         assert_eq!(read_bits(&w, 60, 8), 0xFF);
         assert_eq!(read_bits(&w, 4, 12), 0x321);
-        assert_eq!(read_bits(&w, 64, 56), 0x67_89AB_CDEF & low_mask(56) | (0x2345u64 << 40) & low_mask(56));
+        assert_eq!(
+            read_bits(&w, 64, 56),
+            0x67_89AB_CDEF & low_mask(56) | (0x2345u64 << 40) & low_mask(56)
+        );
     }
 }

@@ -258,11 +258,17 @@ impl Builder {
     }
 
     fn build_inner<K: KeySet + ?Sized>(&self, keys: &K) -> Result<(Mphf, BuildReport)> {
-        let mut report = BuildReport { solver: "cpu".into(), ..Default::default() };
+        let mut report = BuildReport {
+            solver: "cpu".into(),
+            ..Default::default()
+        };
         if self.dedup {
             let keep = distinct_indices(keys, self.seed);
             report.duplicates_removed = (keys.len() - keep.len()) as u64;
-            let subset = Subset { inner: keys, keep: &keep };
+            let subset = Subset {
+                inner: keys,
+                keep: &keep,
+            };
             let mphf = self.build_distinct(&subset, &mut report)?;
             report.kept = Some(keep);
             Ok((mphf, report))
@@ -303,7 +309,8 @@ impl Builder {
                         Some(d)
                     }
                     Err(msg) => {
-                        report.fallback_notice = Some(format!("{} build failed ({msg}); building on the CPU", solver.name()));
+                        report.fallback_notice =
+                            Some(format!("{} build failed ({msg}); building on the CPU", solver.name()));
                         None
                     }
                 },
@@ -316,7 +323,10 @@ impl Builder {
             let (rice, sigma) = match result {
                 Ok(r) => r,
                 Err(SolveError::Watchdog { keys }) => {
-                    return Err(MphfError::Watchdog { keys, limit: self.watchdog });
+                    return Err(MphfError::Watchdog {
+                        keys,
+                        limit: self.watchdog,
+                    });
                 }
                 Err(e) => unreachable!("solving reports only watchdog errors: {e}"),
             };
@@ -324,16 +334,26 @@ impl Builder {
             return Ok(Mphf::from_parts(self.params, n, seed, keys.hash_kind(), rice, ef));
         }
         if last_bucket_failure > 0 {
-            Err(MphfError::BucketTooLarge { size: last_bucket_failure, limit: MAX_BUCKET_KEYS, attempts: self.max_seeds })
+            Err(MphfError::BucketTooLarge {
+                size: last_bucket_failure,
+                limit: MAX_BUCKET_KEYS,
+                attempts: self.max_seeds,
+            })
         } else {
-            Err(MphfError::PersistentCollision { attempts: self.max_seeds, seed })
+            Err(MphfError::PersistentCollision {
+                attempts: self.max_seeds,
+                seed,
+            })
         }
     }
 }
 
 /// Indices of the first occurrence of each distinct key, ascending.
 fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Vec<usize> {
-    let mut pairs: Vec<(Hash128, usize)> = (0..keys.len()).into_par_iter().map(|i| (keys.hash128(i, seed), i)).collect();
+    let mut pairs: Vec<(Hash128, usize)> = (0..keys.len())
+        .into_par_iter()
+        .map(|i| (keys.hash128(i, seed), i))
+        .collect();
     pairs.par_sort_unstable();
     let mut drop = vec![false; keys.len()];
     let mut run = 0;
@@ -383,6 +403,13 @@ unsafe impl<T: Send> Send for SharedMut<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for SharedMut<T> {}
 
+impl<T> SharedMut<T> {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper, not the field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// Sorts the keys' `lo` hashes by bucket: returns `lo` (bucket-contiguous) and bucket offsets
 /// (λ, length B+1). See the module docs for the two-step counting sort.
 pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (Vec<u64>, Vec<u64>) {
@@ -423,13 +450,12 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
     let mut tmp = vec![Hash128::default(); n];
     let out = SharedMut(tmp.as_mut_ptr());
     cursors.into_par_iter().enumerate().for_each(|(c, mut cur)| {
-        let out = out;
         for i in c * chunk..((c + 1) * chunk).min(n) {
             let hash = keys.hash128(i, seed);
             let p = range_of(bucket_of(hash.hi, num_buckets));
             // SAFETY: cursor (c, p) walks the slots [start(c,p), start(c,p)+hist[c][p]), and these
             // intervals are disjoint across (c, p) and cover 0..n exactly (prefix sums above).
-            unsafe { out.0.add(cur[p] as usize).write(hash) };
+            unsafe { out.get().add(cur[p] as usize).write(hash) };
             cur[p] += 1;
         }
     });
@@ -440,7 +466,6 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
     let lo_ptr = SharedMut(lo.as_mut_ptr());
     let off_ptr = SharedMut(offsets.as_mut_ptr());
     (0..num_ranges).into_par_iter().for_each(|p| {
-        let (lo_ptr, off_ptr) = (lo_ptr, off_ptr);
         let (s, e) = (range_start[p] as usize, range_start[p + 1] as usize);
         let (b0, b1) = (first_bucket(p), first_bucket(p + 1));
         let src = &tmp[s..e];
@@ -451,7 +476,7 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
         let mut pos = s as u64;
         for (k, cnt) in counts.iter_mut().enumerate() {
             // SAFETY: bucket b0+k belongs to range p alone, so each λ slot is written once.
-            unsafe { off_ptr.0.add(b0 as usize + k).write(pos) };
+            unsafe { off_ptr.get().add(b0 as usize + k).write(pos) };
             let c = *cnt;
             *cnt = pos;
             pos += c;
@@ -459,7 +484,7 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
         for h in src {
             let k = (bucket_of(h.hi, num_buckets) - b0) as usize;
             // SAFETY: the cursors of this range stay inside [s, e), which no other range touches.
-            unsafe { lo_ptr.0.add(counts[k] as usize).write(h.lo) };
+            unsafe { lo_ptr.get().add(counts[k] as usize).write(h.lo) };
             counts[k] += 1;
         }
     });
@@ -478,12 +503,18 @@ pub fn check_buckets(lo: &mut [u64], offsets: &[u64]) -> std::result::Result<(),
             for b in b0..b1 {
                 let (s, e) = ((offsets[b] - base) as usize, (offsets[b + 1] - base) as usize);
                 if e - s >= MAX_BUCKET_KEYS {
-                    return Err(SolveError::BucketTooLarge { bucket: b as u64, size: e - s });
+                    return Err(SolveError::BucketTooLarge {
+                        bucket: b as u64,
+                        size: e - s,
+                    });
                 }
                 let keys = &mut keys[s..e];
                 keys.sort_unstable();
                 if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(SolveError::DuplicateLo { bucket: b as u64, lo: w[0] });
+                    return Err(SolveError::DuplicateLo {
+                        bucket: b as u64,
+                        lo: w[0],
+                    });
                 }
             }
             Ok(())
@@ -556,7 +587,10 @@ fn solve_and_encode_cpu(
 
 /// Concatenates per-chunk Rice vectors in bucket order; σ of empty trailing buckets continue
 /// the running total.
-fn concat_chunks(num_buckets: usize, outs: Vec<(usize, usize, RiceBuilder, Vec<u64>)>) -> (super::rice::RiceBits, Vec<u64>) {
+fn concat_chunks(
+    num_buckets: usize,
+    outs: Vec<(usize, usize, RiceBuilder, Vec<u64>)>,
+) -> (super::rice::RiceBits, Vec<u64>) {
     let mut rice = RiceBuilder::new();
     let mut sigma = vec![0u64; num_buckets + 1];
     let mut next = 0usize;
@@ -595,7 +629,12 @@ fn encode_from_descriptors(
         encode_bucket(memo, m, &descriptors[used..used + count], &mut rice);
         used += count;
     }
-    assert_eq!(used, descriptors.len(), "solver returned {} descriptors, the shapes need {used}", descriptors.len());
+    assert_eq!(
+        used,
+        descriptors.len(),
+        "solver returned {} descriptors, the shapes need {used}",
+        descriptors.len()
+    );
     sigma.push(rice.len());
     Ok((rice.finish(), sigma))
 }
@@ -665,13 +704,23 @@ impl<const L: usize> Solver<L> {
     /// Second-aggregation unit A2 for this ℓ.
     const A2: usize = upper_aggr(L);
 
-    fn node(&self, keys: &mut [u64], scratch: &mut [u64], depth: usize, out: &mut Vec<u64>) -> std::result::Result<(), SolveError> {
+    fn node(
+        &self,
+        keys: &mut [u64],
+        scratch: &mut [u64],
+        depth: usize,
+        out: &mut Vec<u64>,
+    ) -> std::result::Result<(), SolveError> {
         let m = keys.len();
         if m <= 1 {
             return Ok(());
         }
         if m <= L {
-            let d = if self.rotation && m == L { self.leaf_rotated(keys)? } else { self.leaf(keys)? };
+            let d = if self.rotation && m == L {
+                self.leaf_rotated(keys)?
+            } else {
+                self.leaf(keys)?
+            };
             out.push(d);
             return Ok(());
         }
@@ -685,19 +734,33 @@ impl<const L: usize> Solver<L> {
             let seed = START_SEEDS[depth];
             let d = self.split_high(keys, left, seed)?;
             out.push(d);
-            redistribute(keys, scratch, |y| (range_h32(y.wrapping_add(seed).wrapping_add(d), m as u32) as usize >= left) as usize, &[0, left]);
+            redistribute(
+                keys,
+                scratch,
+                |y| (range_h32(y.wrapping_add(seed).wrapping_add(d), m as u32) as usize >= left) as usize,
+                &[0, left],
+            );
             let (l, r) = keys.split_at_mut(left);
             self.node(l, scratch, depth + 1, out)?;
             return self.node(r, scratch, depth + 1, out);
         };
-        let d = if unit == L { self.split_agg::<false>(keys)? } else { self.split_agg::<true>(keys)? };
+        let d = if unit == L {
+            self.split_agg::<false>(keys)?
+        } else {
+            self.split_agg::<true>(keys)?
+        };
         out.push(d);
         let fanout = m.div_ceil(unit);
         let mut starts = [0usize; 9];
         for (j, s) in starts.iter_mut().enumerate().take(fanout) {
             *s = j * unit;
         }
-        redistribute(keys, scratch, |y| range_h32(y.wrapping_add(seed).wrapping_add(d), m as u32) as usize / unit, &starts[..fanout]);
+        redistribute(
+            keys,
+            scratch,
+            |y| range_h32(y.wrapping_add(seed).wrapping_add(d), m as u32) as usize / unit,
+            &starts[..fanout],
+        );
         for child in keys.chunks_mut(unit) {
             self.node(child, scratch, depth, out)?;
         }
@@ -709,7 +772,11 @@ impl<const L: usize> Solver<L> {
         let m = keys.len();
         let full = (1u32 << m) - 1;
         // Midstop (spec §5.2): with α = 2 from m ≥ 9 on, most candidates fail on the first keys.
-        let p = if m >= 9 { ((2.0 * (m as f64).sqrt()).ceil() as usize).min(m) } else { m };
+        let p = if m >= 9 {
+            ((2.0 * (m as f64).sqrt()).ceil() as usize).min(m)
+        } else {
+            m
+        };
         let (head, tail) = keys.split_at(p);
         let mut base = 0u64;
         loop {
@@ -876,12 +943,30 @@ mod tests {
     #[test]
     fn leaf_vectors() {
         // Spec §5.3 tiny example: plain search gives d = 2, rotation with ℓ = 4 gives D = 2.
-        let keys = [0x1111111111111111u64, 0x2222222222222222, 0x3333333333333334, 0x4444444444444447];
-        let plain = Solver::<8> { rotation: false, watchdog: DEFAULT_WATCHDOG }.leaf(&keys).unwrap();
+        let keys = [
+            0x1111111111111111u64,
+            0x2222222222222222,
+            0x3333333333333334,
+            0x4444444444444447,
+        ];
+        let plain = Solver::<8> {
+            rotation: false,
+            watchdog: DEFAULT_WATCHDOG,
+        }
+        .leaf(&keys)
+        .unwrap();
         assert_eq!(plain, 2);
-        let vals: Vec<u32> = keys.iter().map(|&y| range_h32(y.wrapping_add(SEED_LEAF).wrapping_add(2), 4)).collect();
+        let vals: Vec<u32> = keys
+            .iter()
+            .map(|&y| range_h32(y.wrapping_add(SEED_LEAF).wrapping_add(2), 4))
+            .collect();
         assert_eq!(vals, [0, 1, 2, 3]);
-        let rot = Solver::<4> { rotation: true, watchdog: DEFAULT_WATCHDOG }.leaf_rotated(&keys).unwrap();
+        let rot = Solver::<4> {
+            rotation: true,
+            watchdog: DEFAULT_WATCHDOG,
+        }
+        .leaf_rotated(&keys)
+        .unwrap();
         assert_eq!(rot, 2);
     }
 
@@ -889,7 +974,10 @@ mod tests {
     fn watchdog_fires() {
         // Two equal keys can never be separated.
         let keys = [5u64, 5];
-        let s = Solver::<8> { rotation: false, watchdog: 1000 };
+        let s = Solver::<8> {
+            rotation: false,
+            watchdog: 1000,
+        };
         assert_eq!(s.leaf(&keys), Err(SolveError::Watchdog { keys: 2 }));
     }
 

@@ -107,7 +107,10 @@ pub const fn hash_u64(key: u64, seed: u64) -> Hash128 {
 #[inline]
 pub fn hash_bytes(key: &[u8], seed: u64) -> Hash128 {
     let h = xxhash_rust::xxh3::xxh3_128_with_seed(key, seed);
-    Hash128 { hi: (h >> 64) as u64, lo: h as u64 }
+    Hash128 {
+        hi: (h >> 64) as u64,
+        lo: h as u64,
+    }
 }
 
 /// How keys are turned into [`Hash128`]s; recorded in the serialized header.

@@ -16,7 +16,9 @@ use super::params::{MAX_BUCKET_KEYS, MAX_LEAF};
 use super::tree;
 
 /// Golomb–Rice parameter of a leaf of `m` keys, `m = 0..=24` (spec §7.2).
-pub const BIJ_TAU: [u8; MAX_LEAF + 1] = [0, 0, 0, 1, 3, 4, 5, 7, 8, 10, 11, 12, 14, 15, 16, 18, 19, 21, 22, 23, 25, 26, 28, 29, 30];
+pub const BIJ_TAU: [u8; MAX_LEAF + 1] = [
+    0, 0, 0, 1, 3, 4, 5, 7, 8, 10, 11, 12, 14, 15, 16, 18, 19, 21, 22, 23, 25, 26, 28, 29, 30,
+];
 
 /// Optimal Golomb–Rice parameter for a geometric distribution of success probability `p`:
 /// `max(0, ⌈log2(−ln φ / ln(1 − p))⌉)`.
@@ -58,8 +60,7 @@ impl Memo {
             }
             let fanout = tree::children(m, leaf, &mut parts);
             let sqrt_prod: f64 = parts[..fanout].iter().map(|&k| (k as f64).sqrt()).product();
-            let p = (m as f64).sqrt()
-                / ((2.0 * std::f64::consts::PI).powf((fanout as f64 - 1.0) / 2.0) * sqrt_prod);
+            let p = (m as f64).sqrt() / ((2.0 * std::f64::consts::PI).powf((fanout as f64 - 1.0) / 2.0) * sqrt_prod);
             tau[m] = golomb_param(p);
             let mut s = tau[m] as u32;
             let mut c = 1u32;
@@ -162,7 +163,11 @@ mod tests {
     #[test]
     fn approx_probabilities() {
         // (192, 10) → 1/p ≈ 7.73; (8,8,8,8) → 178.2 (spec §7.2).
-        let p = |m: f64, ks: &[f64]| m.sqrt() / ((2.0 * std::f64::consts::PI).powf((ks.len() as f64 - 1.0) / 2.0) * ks.iter().map(|k| k.sqrt()).product::<f64>());
+        let p = |m: f64, ks: &[f64]| {
+            m.sqrt()
+                / ((2.0 * std::f64::consts::PI).powf((ks.len() as f64 - 1.0) / 2.0)
+                    * ks.iter().map(|k| k.sqrt()).product::<f64>())
+        };
         assert!((1.0 / p(202.0, &[192.0, 10.0]) - 7.73).abs() < 0.01);
         assert!((1.0 / p(32.0, &[8.0; 4]) - 178.2).abs() < 0.1);
     }

@@ -143,7 +143,9 @@ impl Mphf {
         let rice_len = r.u64("rice length")?;
         let rice_words = r.u64("rice word count")?;
         if !(MIN_LEAF as u64..=MAX_LEAF as u64).contains(&leaf) || !(1..=MAX_BUCKET as u64).contains(&bucket) {
-            return Err(MphfError::Format(format!("parameters out of range: leaf {leaf}, bucket {bucket}")));
+            return Err(MphfError::Format(format!(
+                "parameters out of range: leaf {leaf}, bucket {bucket}"
+            )));
         }
         if flags & !FLAG_ROTATION != FLAGS_H32_FIXED3_ROUNDUP {
             return Err(MphfError::Format(format!("unknown variant flags {flags:#x}")));
@@ -152,18 +154,28 @@ impl Mphf {
             .ok()
             .and_then(KeyHashKind::from_tag)
             .ok_or_else(|| MphfError::Format(format!("unknown key hash kind {kind}")))?;
-        let params = Params { leaf: leaf as usize, bucket: bucket as usize, rotation: flags & FLAG_ROTATION != 0 };
+        let params = Params {
+            leaf: leaf as usize,
+            bucket: bucket as usize,
+            rotation: flags & FLAG_ROTATION != 0,
+        };
         if num_buckets != params.num_buckets(n) {
-            return Err(MphfError::Format(format!("bucket count {num_buckets} does not match {n} keys at b = {bucket}")));
+            return Err(MphfError::Format(format!(
+                "bucket count {num_buckets} does not match {n} keys at b = {bucket}"
+            )));
         }
         if rice_words != rice_len / 64 + 2 && rice_words != rice_len.div_ceil(64) + 1 {
-            return Err(MphfError::Format(format!("rice vector of {rice_words} words cannot hold {rice_len} bits")));
+            return Err(MphfError::Format(format!(
+                "rice vector of {rice_words} words cannot hold {rice_len} bits"
+            )));
         }
         let words = r.words(rice_words, "rice vector")?;
         let rice = RiceBits { words, len: rice_len };
         let ef = DoubleEliasFano::read(r)?;
         if ef.num_buckets() != num_buckets {
-            return Err(MphfError::Format("Elias-Fano bucket count does not match the header".into()));
+            return Err(MphfError::Format(
+                "Elias-Fano bucket count does not match the header".into(),
+            ));
         }
         if num_buckets > 0 {
             let (_, total, _) = ef.get(num_buckets - 1);

@@ -29,11 +29,23 @@ pub struct Params {
 
 impl Params {
     /// ≈2.95 bits/key, fastest build and query: ℓ = 5, b = 5.
-    pub const FAST: Params = Params { leaf: 5, bucket: 5, rotation: false };
+    pub const FAST: Params = Params {
+        leaf: 5,
+        bucket: 5,
+        rotation: false,
+    };
     /// ≈1.80 bits/key, the default trade-off: ℓ = 8, b = 100.
-    pub const DEFAULT: Params = Params { leaf: 8, bucket: 100, rotation: false };
+    pub const DEFAULT: Params = Params {
+        leaf: 8,
+        bucket: 100,
+        rotation: false,
+    };
     /// ≈1.56 bits/key, slow to build (use the GPU): ℓ = 16, b = 2000, rotation.
-    pub const COMPACT: Params = Params { leaf: 16, bucket: 2000, rotation: true };
+    pub const COMPACT: Params = Params {
+        leaf: 16,
+        bucket: 2000,
+        rotation: true,
+    };
 
     /// Creates parameters after checking their ranges.
     ///

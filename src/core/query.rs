@@ -26,7 +26,11 @@ impl Mphf {
     /// In debug builds, if `K`'s hashing scheme differs from the one the MPHF was built with.
     #[inline]
     pub fn index<K: Key + ?Sized>(&self, key: &K) -> u64 {
-        debug_assert_eq!(K::KIND, self.hash_kind, "key type hashes differently from the build keys");
+        debug_assert_eq!(
+            K::KIND,
+            self.hash_kind,
+            "key type hashes differently from the build keys"
+        );
         self.index_hash(key.hash128(self.seed))
     }
 
@@ -43,14 +47,24 @@ impl Mphf {
 
     /// Values of many keys; `out[i]` = `index(keys[i])`. Interleaves the lookups (see module docs).
     pub fn index_batch<K: Key>(&self, keys: &[K], out: &mut [u64]) {
-        assert_eq!(keys.len(), out.len(), "index_batch: {} keys but {} outputs", keys.len(), out.len());
+        assert_eq!(
+            keys.len(),
+            out.len(),
+            "index_batch: {} keys but {} outputs",
+            keys.len(),
+            out.len()
+        );
         self.index_batch_with(keys.len(), |i| keys[i].hash128(self.seed), out);
     }
 
     /// Batched query over keys given by a hash function of their position: `out[i]` =
     /// `index_hash(hash_at(i))`. This is the entry point for Arrow arrays.
     pub fn index_batch_with(&self, len: usize, hash_at: impl Fn(usize) -> Hash128, out: &mut [u64]) {
-        assert!(out.len() >= len, "index_batch_with: {len} keys but {} outputs", out.len());
+        assert!(
+            out.len() >= len,
+            "index_batch_with: {len} keys but {} outputs",
+            out.len()
+        );
         if self.n == 0 {
             out[..len].fill(0);
             return;

@@ -43,7 +43,11 @@ impl RiceBuilder {
         if width == 0 {
             return;
         }
-        let value = if width < 64 { value & ((1u64 << width) - 1) } else { value };
+        let value = if width < 64 {
+            value & ((1u64 << width) - 1)
+        } else {
+            value
+        };
         let off = (self.len % 64) as u32;
         if off == 0 {
             self.words.push(value);
@@ -84,7 +88,10 @@ impl RiceBuilder {
         let len = self.len;
         self.push_bits(1, 1);
         self.words.push(0);
-        RiceBits { words: Words::from(self.words), len }
+        RiceBits {
+            words: Words::from(self.words),
+            len,
+        }
     }
 }
 
@@ -191,7 +198,7 @@ mod tests {
                 0 => {
                     // d ≥ 2^32 with a quotient of at most a few words (realistic τ for huge d).
                     tau = tau.max(28);
-                    (x >> 8) % (1u64 << 33) | (1 << 32)
+                    ((x >> 8) % (1u64 << 33)) | (1 << 32)
                 }
                 1 => ((x >> 8) % 300) << tau,
                 _ => (x >> 9) % (1u64 << (tau + 2)),

@@ -7,9 +7,13 @@
 use super::params::{MAX_LEAF, MIN_LEAF};
 
 /// Fanout of first-level aggregation `s1` per ℓ (index = ℓ; spec §3.1 table).
-const S1: [usize; MAX_LEAF + 1] = [0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9];
+const S1: [usize; MAX_LEAF + 1] = [
+    0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 6, 6, 6, 7, 7, 7, 8, 8, 8, 9, 9, 9,
+];
 /// Fanout of second-level aggregation `s2` per ℓ (spec §3.1 table).
-const S2: [usize; MAX_LEAF + 1] = [0, 0, 2, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6];
+const S2: [usize; MAX_LEAF + 1] = [
+    0, 0, 2, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6,
+];
 
 /// First-aggregation unit `A1 = ℓ·s1` ("lower_aggr" in Sux).
 #[inline(always)]
@@ -27,7 +31,7 @@ pub const fn upper_aggr(leaf: usize) -> usize {
 /// `A2 · ⌈⌊m/2⌋ / A2⌉`.
 #[inline(always)]
 pub const fn split_left(m: usize, a2: usize) -> usize {
-    a2 * ((m / 2 + a2 - 1) / a2)
+    a2 * (m / 2).div_ceil(a2)
 }
 
 /// The kind of a subtree of `m` keys (spec §3.2).
@@ -64,11 +68,15 @@ pub const fn kind(m: usize, leaf: usize) -> NodeKind {
     } else if m <= leaf {
         NodeKind::Leaf
     } else if m <= a1 {
-        NodeKind::Agg1 { fanout: m.div_ceil(leaf) }
+        NodeKind::Agg1 {
+            fanout: m.div_ceil(leaf),
+        }
     } else if m <= a2 {
         NodeKind::Agg2 { fanout: m.div_ceil(a1) }
     } else {
-        NodeKind::High { left: split_left(m, a2) }
+        NodeKind::High {
+            left: split_left(m, a2),
+        }
     }
 }
 
@@ -102,11 +110,20 @@ mod tests {
 
     #[test]
     fn formulas_match_table() {
-        const A1: [usize; 23] = [4, 6, 8, 15, 18, 21, 32, 36, 40, 55, 60, 78, 84, 90, 112, 119, 126, 152, 160, 168, 198, 207, 216];
-        const A2: [usize; 23] = [8, 12, 16, 30, 36, 63, 96, 108, 120, 220, 240, 312, 336, 450, 560, 595, 630, 760, 960, 1008, 1188, 1242, 1296];
+        const A1: [usize; 23] = [
+            4, 6, 8, 15, 18, 21, 32, 36, 40, 55, 60, 78, 84, 90, 112, 119, 126, 152, 160, 168, 198, 207, 216,
+        ];
+        const A2: [usize; 23] = [
+            8, 12, 16, 30, 36, 63, 96, 108, 120, 220, 240, 312, 336, 450, 560, 595, 630, 760, 960, 1008, 1188, 1242,
+            1296,
+        ];
         for leaf in 2..=24usize {
             let s1 = 2f64.max((0.35 * leaf as f64 + 0.5).ceil()) as usize;
-            let s2 = if leaf < 7 { 2 } else { (0.21 * leaf as f64 + 0.9).ceil() as usize };
+            let s2 = if leaf < 7 {
+                2
+            } else {
+                (0.21 * leaf as f64 + 0.9).ceil() as usize
+            };
             assert_eq!(lower_aggr(leaf), leaf * s1, "ℓ={leaf}");
             assert_eq!(upper_aggr(leaf), leaf * s1 * s2, "ℓ={leaf}");
             assert_eq!(lower_aggr(leaf), A1[leaf - 2]);
@@ -135,7 +152,7 @@ mod tests {
             let a2 = upper_aggr(leaf);
             for m in a2 + 1..3000 {
                 let l = split_left(m, a2);
-                assert!(l > 0 && l % a2 == 0 && l < m, "ℓ={leaf} m={m}");
+                assert!(l > 0 && l.is_multiple_of(a2) && l < m, "ℓ={leaf} m={m}");
             }
         }
     }

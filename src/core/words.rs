@@ -59,18 +59,22 @@ impl Words {
     /// # Errors
     /// [`MphfError::Format`] when the map's length is not a whole number of words.
     pub fn from_mmap(map: memmap2::Mmap) -> Result<Words> {
-        if map.len() % 8 != 0 {
+        if !map.len().is_multiple_of(8) {
             return Err(MphfError::Format(format!(
                 "file length {} is not a multiple of 8 bytes",
                 map.len()
             )));
         }
         // A page-aligned map is 8-byte aligned; checked anyway since the cast below needs it.
-        if map.as_ptr() as usize % 8 != 0 {
+        if !(map.as_ptr() as usize).is_multiple_of(8) {
             return Err(MphfError::Format("memory map is not 8-byte aligned".into()));
         }
         let len = map.len() / 8;
-        Ok(Words { backing: Backing::Map(Arc::new(map)), start: 0, len })
+        Ok(Words {
+            backing: Backing::Map(Arc::new(map)),
+            start: 0,
+            len,
+        })
     }
 
     /// Copies bytes (whose length must be a multiple of 8) into an owned, aligned array.
@@ -78,7 +82,7 @@ impl Words {
     /// # Errors
     /// [`MphfError::Format`] when the length is not a whole number of words.
     pub fn from_bytes(bytes: &[u8]) -> Result<Words> {
-        if bytes.len() % 8 != 0 {
+        if !bytes.len().is_multiple_of(8) {
             return Err(MphfError::Format(format!(
                 "length {} is not a multiple of 8 bytes",
                 bytes.len()
@@ -96,8 +100,16 @@ impl Words {
     /// # Panics
     /// If the range is out of bounds.
     pub fn slice(&self, start: usize, len: usize) -> Words {
-        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "slice {start}+{len} out of {} words", self.len);
-        Words { backing: self.backing.clone(), start: self.start + start, len }
+        assert!(
+            start.checked_add(len).is_some_and(|e| e <= self.len),
+            "slice {start}+{len} out of {} words",
+            self.len
+        );
+        Words {
+            backing: self.backing.clone(),
+            start: self.start + start,
+            len,
+        }
     }
 
     /// The words as bytes.
@@ -114,7 +126,11 @@ impl Words {
 impl From<Vec<u64>> for Words {
     fn from(v: Vec<u64>) -> Words {
         let len = v.len();
-        Words { backing: Backing::Vec(Arc::new(v)), start: 0, len }
+        Words {
+            backing: Backing::Vec(Arc::new(v)),
+            start: 0,
+            len,
+        }
     }
 }
 
@@ -186,7 +202,9 @@ impl<'a> WordReader<'a> {
     pub fn bounded(&mut self, what: &str, limit: u64) -> Result<u64> {
         let v = self.u64(what)?;
         if v >= limit {
-            return Err(MphfError::Format(format!("{what} = {v} is out of range (limit {limit})")));
+            return Err(MphfError::Format(format!(
+                "{what} = {v} is out of range (limit {limit})"
+            )));
         }
         Ok(v)
     }
@@ -244,7 +262,10 @@ mod tests {
         let mut r = WordReader::new(&w);
         assert_eq!(r.u64("a").unwrap(), 1);
         assert_eq!(&*r.words(2, "b").unwrap(), &[2, 3]);
-        assert_eq!(r.u64("c").unwrap_err().to_string(), "invalid index file: truncated while reading c");
+        assert_eq!(
+            r.u64("c").unwrap_err().to_string(),
+            "invalid index file: truncated while reading c"
+        );
         let mut r = WordReader::new(&w);
         assert!(r.words(4, "x").is_err());
         assert!(r.bounded("y", 1).is_err());
