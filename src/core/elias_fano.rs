@@ -132,7 +132,11 @@ impl Transform {
         let b = lambda.len() - 1;
         let (n, total) = (lambda[b], sigma[b]);
         // Spec §8.2: evaluated in f64, then floored (`as` saturates, never panics).
-        let beta = if n == 0 { 0 } else { (total as f64 * (1u64 << BETA_SHIFT) as f64 / n as f64).floor() as u64 };
+        let beta = if n == 0 {
+            0
+        } else {
+            (total as f64 * (1u64 << BETA_SHIFT) as f64 / n as f64).floor() as u64
+        };
         let delta_lambda = lambda.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(0);
         let psi = |i: usize| sigma[i] as i128 - predict(beta, lambda[i]) as i128;
         let delta_psi = (1..=b).map(|i| psi(i) - psi(i - 1)).min().unwrap_or(0);
@@ -147,7 +151,13 @@ impl Transform {
                 c as u64
             })
             .collect();
-        Transform { beta, delta_lambda, delta_psi, phi, chi }
+        Transform {
+            beta,
+            delta_lambda,
+            delta_psi,
+            phi,
+            chi,
+        }
     }
 }
 
@@ -226,7 +236,11 @@ fn offsets_fit(samples: &[u64], log2_jump: u32) -> bool {
 #[inline(always)]
 unsafe fn select_from(words: &[u64], start: u64, mut k: u64) -> (usize, u64, u32) {
     let mut idx = (start / 64) as usize;
-    debug_assert!(idx < words.len(), "sampled position {start} outside {} words", words.len());
+    debug_assert!(
+        idx < words.len(),
+        "sampled position {start} outside {} words",
+        words.len()
+    );
     // SAFETY: idx < words.len() by the caller's precondition.
     let mut word = unsafe { *words.get_unchecked(idx) } & (u64::MAX << (start % 64));
     loop {
@@ -277,7 +291,12 @@ impl DoubleEliasFano {
             cum_keys.len(),
             bit_pos.len()
         );
-        assert!(cum_keys[0] == 0 && bit_pos[0] == 0, "Elias-Fano: λ_0 = {} and σ_0 = {} must be 0", cum_keys[0], bit_pos[0]);
+        assert!(
+            cum_keys[0] == 0 && bit_pos[0] == 0,
+            "Elias-Fano: λ_0 = {} and σ_0 = {} must be 0",
+            cum_keys[0],
+            bit_pos[0]
+        );
         for i in 1..cum_keys.len() {
             assert!(
                 cum_keys[i] >= cum_keys[i - 1] && bit_pos[i] >= bit_pos[i - 1],
@@ -286,7 +305,10 @@ impl DoubleEliasFano {
         }
         let num_buckets = cum_keys.len() as u64 - 1;
         let t = Transform::new(cum_keys, bit_pos);
-        assert!(t.phi[num_buckets as usize] < u64::MAX, "Elias-Fano: λ_B = u64::MAX does not fit the universe");
+        assert!(
+            t.phi[num_buckets as usize] < u64::MAX,
+            "Elias-Fano: λ_B = u64::MAX does not fit the universe"
+        );
         let u_lambda = t.phi[num_buckets as usize] + 1;
         let u_psi = t.chi[num_buckets as usize] + 1;
         let (l_lambda, l_psi) = widths(u_lambda, u_psi, num_buckets);
@@ -311,7 +333,11 @@ impl DoubleEliasFano {
         let per_entry = 1usize << (log2_jump - LOG2_SAMPLE);
         let ew = entry_words(log2_jump) as usize;
         let mut jump = vec![0u64; num_entries(num_buckets, log2_jump) as usize * ew];
-        for (e, (cl, cp)) in samples_lambda.chunks(per_entry).zip(samples_psi.chunks(per_entry)).enumerate() {
+        for (e, (cl, cp)) in samples_lambda
+            .chunks(per_entry)
+            .zip(samples_psi.chunks(per_entry))
+            .enumerate()
+        {
             let entry = &mut jump[e * ew..(e + 1) * ew];
             entry[0] = cl[0];
             entry[1] = cp[0];
@@ -349,7 +375,11 @@ impl DoubleEliasFano {
     /// If `i ≥ B`.
     #[inline]
     pub fn get(&self, i: u64) -> (u64, u64, u64) {
-        assert!(i < self.num_buckets, "Elias-Fano: bucket {i} out of range (B = {})", self.num_buckets);
+        assert!(
+            i < self.num_buckets,
+            "Elias-Fano: bucket {i} out of range (B = {})",
+            self.num_buckets
+        );
         // SAFETY: i < B, checked just above.
         unsafe { self.get_unchecked(i) }
     }
@@ -372,7 +402,12 @@ impl DoubleEliasFano {
         debug_assert!(bit / 8 + 8 <= lower.len() as u64 * 8);
         // SAFETY: i < B, so bit/8 ≤ B·width/8 and bit/8 + 8 ≤ 8·(⌈(B+1)·width/64⌉ + 1), the
         // lower array's length in bytes (checked by `new`/`read`); an unaligned read is allowed.
-        let raw = unsafe { (lower.as_ptr() as *const u8).add((bit / 8) as usize).cast::<u64>().read_unaligned() };
+        let raw = unsafe {
+            (lower.as_ptr() as *const u8)
+                .add((bit / 8) as usize)
+                .cast::<u64>()
+                .read_unaligned()
+        };
         let raw = u64::from_le(raw) >> (bit % 8);
         let low_phi = raw & low_mask(l_lambda);
         let low_chi = (raw >> l_lambda) & low_mask(l_psi);
@@ -475,13 +510,17 @@ impl DoubleEliasFano {
         let u_psi = r.u64("Elias-Fano u_ψ")?;
         let log2_jump = r.u64("Elias-Fano jump span")?;
         if 2 * l_lambda + l_psi > MAX_LOW_BITS {
-            return Err(err(format!("low widths {l_lambda} and {l_psi} exceed {MAX_LOW_BITS} bits")));
+            return Err(err(format!(
+                "low widths {l_lambda} and {l_psi} exceed {MAX_LOW_BITS} bits"
+            )));
         }
         if u_lambda == 0 || u_psi == 0 {
             return Err(err(format!("empty universe (u_λ = {u_lambda}, u_ψ = {u_psi})")));
         }
         if (l_lambda, l_psi) != widths(u_lambda, u_psi, num_buckets) {
-            return Err(err(format!("low widths {l_lambda}, {l_psi} do not match the universes")));
+            return Err(err(format!(
+                "low widths {l_lambda}, {l_psi} do not match the universes"
+            )));
         }
         if !(LOG2_JUMP_MIN as u64..=LOG2_JUMP_MAX as u64).contains(&log2_jump) {
             return Err(err(format!("jump span 2^{log2_jump} out of range")));
@@ -492,10 +531,16 @@ impl DoubleEliasFano {
         let bits_psi = upper_bits(u_psi, l_psi, num_buckets).ok_or_else(|| err("upper ψ length overflows".into()))?;
         // B < 2^48 and width ≤ 56, so these products cannot overflow.
         let expected = [
-            ("lower bits", ((num_buckets + 1) * (l_lambda + l_psi) as u64).div_ceil(64) + 1),
+            (
+                "lower bits",
+                ((num_buckets + 1) * (l_lambda + l_psi) as u64).div_ceil(64) + 1,
+            ),
             ("upper λ", bits_lambda.div_ceil(64)),
             ("upper ψ", bits_psi.div_ceil(64)),
-            ("jump table", num_entries(num_buckets, log2_jump) * entry_words(log2_jump)),
+            (
+                "jump table",
+                num_entries(num_buckets, log2_jump) * entry_words(log2_jump),
+            ),
         ];
         let mut arrays = Vec::with_capacity(4);
         for (what, len) in expected {
@@ -518,7 +563,9 @@ impl DoubleEliasFano {
                 let pl = entry[0].checked_add(pair & 0xFFFF);
                 let pp = entry[1].checked_add((pair >> 16) & 0xFFFF);
                 if !pl.is_some_and(|p| p < bits_lambda) || !pp.is_some_and(|p| p < bits_psi) {
-                    return Err(err(format!("jump entry {e}, sample {j} points outside the upper arrays")));
+                    return Err(err(format!(
+                        "jump entry {e}, sample {j} points outside the upper arrays"
+                    )));
                 }
             }
         }
@@ -578,7 +625,9 @@ mod tests {
 
     /// Positions of the one-bits of an upper array.
     fn ones(words: &[u64]) -> Vec<u64> {
-        (0..words.len() as u64 * 64).filter(|&p| words[(p / 64) as usize] >> (p % 64) & 1 == 1).collect()
+        (0..words.len() as u64 * 64)
+            .filter(|&p| words[(p / 64) as usize] >> (p % 64) & 1 == 1)
+            .collect()
     }
 
     /// Checks `get(i)` for every bucket against the input sequences.
@@ -609,7 +658,9 @@ mod tests {
         let sigma = [0, 9, 22, 27, 40];
         let t = Transform::new(&lambda, &sigma);
         assert_eq!(t.beta, 2995931);
-        let psi: Vec<i128> = (0..5).map(|i| sigma[i] as i128 - predict(t.beta, lambda[i]) as i128).collect();
+        let psi: Vec<i128> = (0..5)
+            .map(|i| sigma[i] as i128 - predict(t.beta, lambda[i]) as i128)
+            .collect();
         assert_eq!(psi, [0, 1, 0, -1, 1]);
         assert_eq!((t.delta_lambda, t.delta_psi), (2, -1));
         assert_eq!(t.phi, [0, 1, 4, 4, 6]);
@@ -686,7 +737,9 @@ mod tests {
     #[test]
     fn round_trip_random() {
         let mut rng = Rng(42);
-        let bs = [1usize, 2, 3, 7, 255, 256, 257, 511, 1000, 16383, 16384, 16385, 40000, 200000];
+        let bs = [
+            1usize, 2, 3, 7, 255, 256, 257, 511, 1000, 16383, 16384, 16385, 40000, 200000,
+        ];
         let means = [0u64, 1, 7, 100, 2000];
         for (t, &b) in bs.iter().enumerate() {
             for (k, &mean) in means.iter().enumerate() {
@@ -830,7 +883,10 @@ mod tests {
             let mut bad = words.clone();
             bad[at] = value;
             let e = read_words(bad).unwrap_err();
-            assert!(matches!(&e, MphfError::Format(m) if m.contains(msg)), "word {at} = {value}: {e}");
+            assert!(
+                matches!(&e, MphfError::Format(m) if m.contains(msg)),
+                "word {at} = {value}: {e}"
+            );
         }
     }
 
@@ -873,8 +929,14 @@ mod tests {
         let sizes = bucket_sizes(&mut rng, b, b as u64 * 100);
         let lambda = cumulative(&sizes);
         for (kind, incr) in [
-            ("σ ≈ 1.8·m ± noise", sizes.iter().map(|&m| m * 18 / 10 + rng.below(16)).collect::<Vec<_>>()),
-            ("σ ≈ 180 ± 20 independent", (0..b).map(|_| 160 + rng.below(41)).collect()),
+            (
+                "σ ≈ 1.8·m ± noise",
+                sizes.iter().map(|&m| m * 18 / 10 + rng.below(16)).collect::<Vec<_>>(),
+            ),
+            (
+                "σ ≈ 180 ± 20 independent",
+                (0..b).map(|_| 160 + rng.below(41)).collect(),
+            ),
         ] {
             let sigma = cumulative(&incr);
             let ef = DoubleEliasFano::new(&lambda, &sigma);
