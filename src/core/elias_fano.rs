@@ -562,7 +562,7 @@ impl DoubleEliasFano {
                 let pair = entry[2 + j / 2] >> (32 * (j % 2));
                 let pl = entry[0].checked_add(pair & 0xFFFF);
                 let pp = entry[1].checked_add((pair >> 16) & 0xFFFF);
-                if !pl.is_some_and(|p| p < bits_lambda) || !pp.is_some_and(|p| p < bits_psi) {
+                if pl.is_none_or(|p| p >= bits_lambda) || pp.is_none_or(|p| p >= bits_psi) {
                     return Err(err(format!(
                         "jump entry {e}, sample {j} points outside the upper arrays"
                     )));
