@@ -9,4 +9,7 @@
 pub mod core;
 pub mod error;
 
+#[cfg(feature = "bench-peers")]
+pub mod cli;
+
 pub use error::{MphfError, Result};

@@ -79,7 +79,9 @@ fn wanted(args: &BenchBuildArgs, method: &str) -> bool {
 
 /// Parses `l:b`.
 fn parse_pair(s: &str) -> anyhow::Result<(usize, usize)> {
-    let (l, b) = s.split_once(':').ok_or_else(|| anyhow::anyhow!("grid entry {s:?} is not l:b"))?;
+    let (l, b) = s
+        .split_once(':')
+        .ok_or_else(|| anyhow::anyhow!("grid entry {s:?} is not l:b"))?;
     Ok((l.trim().parse()?, b.trim().parse()?))
 }
 
@@ -180,7 +182,9 @@ pub fn run(args: &BenchBuildArgs) -> anyhow::Result<Vec<BenchRow>> {
             );
             let qb = median(
                 (0..args.runs)
-                    .map(|_| time(|| black_box(f.index_stream::<32, _>(&sample).fold(0usize, |a, x| a.wrapping_add(x)))).1)
+                    .map(|_| {
+                        time(|| black_box(f.index_stream::<32, _>(&sample).fold(0usize, |a, x| a.wrapping_add(x)))).1
+                    })
                     .collect(),
             );
             let (pilots, remap) = f.bits_per_element();
