@@ -870,21 +870,21 @@ impl<const L: usize> Solver<L> {
             let count = if j + 1 < fanout { unit } else { m - (fanout - 1) * unit };
             target |= (count as u64) << (8 * j);
         }
-        let mut base = 0u64;
+        // One candidate at a time, vectorized across keys: the packed counters are a plain
+        // wrapping-sum reduction, which LLVM turns into AVX2 lanes (8 keys per step).
+        let mut d = 0u64;
         loop {
-            let mut counters = [0u64; LANES];
-            for &y in keys {
-                let x = y.wrapping_add(seed).wrapping_add(base);
-                for (j, c) in counters.iter_mut().enumerate() {
-                    let child = range_h32(x.wrapping_add(j as u64), m as u32) as usize / unit;
-                    *c = c.wrapping_add(if child < 8 { 1u64 << (8 * child) } else { 0 });
-                }
+            let x0 = seed.wrapping_add(d);
+            let counters = keys.iter().fold(0u64, |acc, &y| {
+                let child = range_h32(y.wrapping_add(x0), m as u32) / unit as u32;
+                // Branch-free: child 8 (fanout 9) adds nothing.
+                acc.wrapping_add((1u64 << (child.wrapping_mul(8) & 63)) & 0u64.wrapping_sub((child < 8) as u64))
+            });
+            if counters == target {
+                return Ok(d);
             }
-            if let Some(j) = counters.iter().position(|&c| c == target) {
-                return Ok(base + j as u64);
-            }
-            base += LANES as u64;
-            if base > self.watchdog {
+            d += 1;
+            if d > self.watchdog {
                 return Err(SolveError::Watchdog { keys: m });
             }
         }
@@ -893,20 +893,18 @@ impl<const L: usize> Solver<L> {
     /// First `d` sending exactly `left` keys below `left` (spec §6.1, high levels).
     fn split_high(&self, keys: &[u64], left: usize, seed: u64) -> std::result::Result<u64, SolveError> {
         let m = keys.len();
-        let mut base = 0u64;
+        let mut d = 0u64;
         loop {
-            let mut counts = [0u32; LANES];
-            for &y in keys {
-                let x = y.wrapping_add(seed).wrapping_add(base);
-                for (j, c) in counts.iter_mut().enumerate() {
-                    *c += ((range_h32(x.wrapping_add(j as u64), m as u32) as usize) < left) as u32;
-                }
+            let x0 = seed.wrapping_add(d);
+            let below = keys
+                .iter()
+                .map(|&y| ((range_h32(y.wrapping_add(x0), m as u32) as usize) < left) as u32)
+                .sum::<u32>();
+            if below as usize == left {
+                return Ok(d);
             }
-            if let Some(j) = counts.iter().position(|&c| c as usize == left) {
-                return Ok(base + j as u64);
-            }
-            base += LANES as u64;
-            if base > self.watchdog {
+            d += 1;
+            if d > self.watchdog {
                 return Err(SolveError::Watchdog { keys: m });
             }
         }
@@ -986,5 +984,60 @@ mod tests {
         assert_eq!(rotl(0b1001, 2, 4), 0b0110);
         assert_eq!(rotl(0b1001, 0, 4), 0b1001);
         assert_eq!(rotl(0b1000, 1, 4), 0b0001);
+    }
+}
+
+#[cfg(test)]
+mod speed_probe {
+    use super::*;
+
+    #[test]
+    #[ignore = "timing probe, run by hand"]
+    fn leaf_speed() {
+        for m in [8usize, 12, 14] {
+            let mut total = 0u64;
+            let t = std::time::Instant::now();
+            let s = Solver::<16> {
+                rotation: false,
+                watchdog: DEFAULT_WATCHDOG,
+            };
+            for leaf in 0..20u64 {
+                let keys: Vec<u64> = (0..m as u64)
+                    .map(|i| crate::core::hash::mix64(leaf * 100 + i + 1))
+                    .collect();
+                total += s.leaf(&keys).unwrap();
+            }
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "m={m}: {} candidates, {:.2} ns/candidate, {:.3} ns/eval",
+                total,
+                secs * 1e9 / total as f64,
+                secs * 1e9 / (total * m as u64) as f64
+            );
+        }
+        for (level2, m) in [(false, 112usize), (true, 560)] {
+            let s = Solver::<16> {
+                rotation: false,
+                watchdog: DEFAULT_WATCHDOG,
+            };
+            let t = std::time::Instant::now();
+            let mut total = 0u64;
+            for node in 0..2u64 {
+                let keys: Vec<u64> = (0..m as u64)
+                    .map(|i| crate::core::hash::mix64(node * 10000 + i + 1))
+                    .collect();
+                total += if level2 {
+                    s.split_agg::<true>(&keys).unwrap()
+                } else {
+                    s.split_agg::<false>(&keys).unwrap()
+                };
+            }
+            let secs = t.elapsed().as_secs_f64();
+            eprintln!(
+                "split m={m}: {} candidates, {:.3} ns/eval",
+                total,
+                secs * 1e9 / (total * m as u64) as f64
+            );
+        }
     }
 }

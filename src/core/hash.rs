@@ -64,7 +64,8 @@ pub const fn fmix32(mut h: u32) -> u32 {
 #[inline(always)]
 pub const fn range_h32(x: u64, m: u32) -> u32 {
     let f = ((x >> 32) as u32) ^ (x as u32);
-    ((fmix32(f) & 0xFFFF) * m) >> 16
+    // Cannot overflow (m < 2^16); `wrapping_mul` keeps overflow checks out of the vector loops.
+    (fmix32(f) & 0xFFFF).wrapping_mul(m) >> 16
 }
 
 /// A key's 128-bit hash: `hi` selects the bucket, `lo` is the in-bucket key.
