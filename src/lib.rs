@@ -8,5 +8,7 @@
 
 pub mod core;
 pub mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 pub use error::{MphfError, Result};

@@ -1,0 +1,57 @@
+//! GPU backend tests: every kernel variant compiles with NVRTC (needs only libnvrtc, so CI runs
+//! it), and, when a GPU is present, GPU-built MPHFs are byte-identical to CPU-built ones.
+#![cfg(feature = "cuda")]
+
+mod gpu_grid;
+
+use datafusion_mphf::core::Params;
+use datafusion_mphf::gpu::{kernels, solver_for, Device, GpuContext};
+
+#[test]
+fn every_kernel_variant_compiles_to_ptx() {
+    if !kernels::nvrtc_available() {
+        println!("SKIPPED: libnvrtc cannot be loaded; run .ci/install-nvrtc.sh and add its output to LD_LIBRARY_PATH");
+        return;
+    }
+    let variants = kernels::compile_all_kernels_to_ptx(kernels::DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(variants.len(), 23 * 2);
+    for (leaf, rotation, len) in variants {
+        assert!(len > 1000, "PTX for ℓ={leaf} rotation={rotation} is only {len} bytes");
+    }
+}
+
+#[test]
+fn device_parses() {
+    assert_eq!("auto".parse::<Device>(), Ok(Device::Auto));
+    assert_eq!("CPU".parse::<Device>(), Ok(Device::Cpu));
+    assert_eq!("gpu".parse::<Device>(), Ok(Device::Gpu));
+    assert_eq!("tpu".parse::<Device>(), Err("unknown device 'tpu' (expected auto, cpu or gpu)".to_string()));
+    assert_eq!(Device::Gpu.to_string(), "gpu");
+}
+
+#[test]
+fn solver_choice_never_panics() {
+    let p = Params::DEFAULT;
+    let (s, notice) = solver_for(Device::Cpu, 1 << 30, &p);
+    assert!(s.is_none() && notice.is_none());
+    let (s, notice) = solver_for(Device::Auto, 10, &p);
+    assert!(s.is_none() && notice.is_none(), "tiny inputs stay on the CPU");
+    let (s, notice) = solver_for(Device::Gpu, 10, &p);
+    match GpuContext::get() {
+        Ok(_) => assert!(s.is_some() && notice.is_none()),
+        Err(e) => {
+            assert!(s.is_none());
+            assert_eq!(notice, Some(format!("GPU not available ({e}); building on the CPU")));
+        }
+    }
+}
+
+#[test]
+fn gpu_equals_cpu_grid() {
+    if let Err(e) = GpuContext::get() {
+        println!("SKIPPED: no usable GPU ({e})");
+        return;
+    }
+    let (checked, failures) = gpu_grid::run_grid(2e8, 100_000, false).unwrap();
+    assert!(failures.is_empty(), "{} of {checked} grid points failed:\n{}", failures.len(), failures.join("\n"));
+}
