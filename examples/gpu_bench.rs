@@ -49,13 +49,14 @@ struct Opts {
     grid: Option<(f64, usize)>,
     bench: bool,
     crossover: bool,
+    one: Vec<(usize, usize, bool, usize)>,
     ns: Vec<usize>,
     reps: usize,
     cap: f64,
 }
 
 fn parse() -> Opts {
-    let mut o = Opts { grid: None, bench: false, crossover: false, ns: vec![5_000_000, 50_000_000], reps: 3, cap: 40.0 };
+    let mut o = Opts { grid: None, bench: false, crossover: false, one: Vec::new(), ns: vec![5_000_000, 50_000_000], reps: 3, cap: 40.0 };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -66,6 +67,11 @@ fn parse() -> Opts {
             }
             "--bench" => o.bench = true,
             "--crossover" => o.crossover = true,
+            "--one" => {
+                let v: Vec<usize> = args[i + 1].split(',').map(|s| s.parse().unwrap()).collect();
+                o.one.push((v[0], v[1], v[2] != 0, v[3]));
+                i += 1;
+            }
             "--ns" => {
                 o.ns = args[i + 1].split(',').map(|s| s.parse().unwrap()).collect();
                 i += 1;
@@ -131,6 +137,19 @@ fn main() {
         for f in &failures {
             println!("FAIL {f}");
         }
+    }
+
+    for &(leaf, bucket, rotation, n) in &o.one {
+        let p = Params::try_new(leaf, bucket, rotation).unwrap();
+        let _ = timed_build(p, &random_keys(5000, 3), Some(&solver), 1, 1.0);
+        let keys = random_keys(n, 42);
+        let (t, s, m) = timed_build(p, &keys, Some(&solver), 1, 1.0);
+        println!(
+            "ONE ({leaf},{bucket}) rot={rotation} n={n}: total {:.4} µs/key, solve {:.4} µs/key, {:.4} bits/key",
+            t * 1e6 / n as f64,
+            s * 1e6 / n as f64,
+            m.bits_per_key()
+        );
     }
 
     if o.crossover {

@@ -281,3 +281,48 @@ impl BucketSolver for GpuSolver {
             .unwrap_or_else(|_| Err("the GPU build panicked".to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tree::{kind, NodeKind};
+
+    #[test]
+    fn plan_slots_are_preorder_positions() {
+        // Buckets of sizes 0, 1, 2, 8, 10, 202, 2999 with ℓ = 8 (A1 = 32, A2 = 96).
+        let sizes = [0u64, 1, 2, 8, 10, 202, 2999];
+        let mut offsets = vec![0u64];
+        for s in sizes {
+            offsets.push(offsets.last().unwrap() + s);
+        }
+        let params = Params::try_new(8, 100, false).unwrap();
+        let plan = plan(&params, &offsets);
+        let memo = Memo::get(8);
+        let total: usize = sizes.iter().map(|&s| memo.nodes[s as usize] as usize).sum();
+        assert_eq!(plan.descriptors, total);
+        let mut seen = vec![false; total];
+        for (stage, nodes) in plan.stages.iter().enumerate() {
+            for n in nodes {
+                assert!(!seen[n.slot as usize], "slot {} twice", n.slot);
+                seen[n.slot as usize] = true;
+                let k = kind(n.m as usize, 8);
+                match stage {
+                    STAGE_LEAF => assert_eq!(k, NodeKind::Leaf),
+                    STAGE_AGG1 => assert!(matches!(k, NodeKind::Agg1 { .. })),
+                    STAGE_AGG2 => assert!(matches!(k, NodeKind::Agg2 { .. })),
+                    _ => assert!(matches!(k, NodeKind::High { .. })),
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        // Bucket 4 (10 keys at offset 11): Agg1 at slot 2, leaves of 8 and 2 at slots 3 and 4.
+        let agg1: Vec<_> = plan.stages[STAGE_AGG1].iter().filter(|n| n.off == 11 && n.m == 10).collect();
+        assert_eq!(agg1.len(), 1);
+        assert_eq!(agg1[0].slot, 2);
+        let leaves: Vec<_> = plan.stages[STAGE_LEAF].iter().filter(|n| (11..21).contains(&n.off)).map(|n| (n.off, n.m, n.slot)).collect();
+        assert_eq!(leaves, vec![(11, 8, 3), (19, 2, 4)]);
+        // The 202-key bucket starts with a depth-0 high split (192 | 10).
+        assert!(plan.stages[0].iter().any(|n| n.off == 21 && n.m == 202 && n.slot == 5));
+        assert!(plan.stages[1].iter().any(|n| n.off == 21 && n.m == 192));
+    }
+}

@@ -39,7 +39,7 @@ pub fn leaf_work(leaf: usize, rotation: bool) -> f64 {
 /// Largest n whose estimated leaf work fits `budget` candidates.
 pub fn n_cap(leaf: usize, rotation: bool, budget: f64) -> usize {
     let per_key = leaf_work(leaf, rotation) / leaf as f64;
-    (budget / per_key).clamp(leaf as f64 * 2.0, 1e8) as usize
+    (budget / per_key).clamp(8.0, 1e8) as usize
 }
 
 /// Asserts `mphf` is a bijection from `keys` onto `0..n`.
