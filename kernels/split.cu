@@ -2,12 +2,12 @@
 // buckets of a chunk (one launch per level).
 //
 // Each block copies its node's keys to shared memory, tests candidates d = base + t
-// (t = threadIdx.x) in rounds of blockDim.x, and stops after the first round in which some
-// thread succeeded; the atomicMin over that round's successes is the smallest valid d, i.e.
-// the sequential answer (spec §5.4): every smaller candidate was tested in this or an earlier
-// round. Then the keys are redistributed to the children's ranges in global memory with shared
-// atomic cursors (spec §6.2). Key order inside a child is irrelevant: every predicate depends
-// only on the key set.
+// (t = threadIdx.x; Agg also base + T + t) in rounds of T = blockDim.x (Agg: 2T), and stops
+// after the first round in which some thread succeeded; the atomicMin over that round's
+// successes is the smallest valid d, i.e. the sequential answer (spec §5.4): every smaller
+// candidate was tested in this or an earlier round. Then the keys are redistributed to the
+// children's ranges in global memory with shared atomic cursors (spec §6.2). Key order inside
+// a child is irrelevant: every predicate depends only on the key set.
 //
 // Dynamic shared memory: m_max * 8 bytes.
 #include "common.cuh"
@@ -32,17 +32,26 @@ extern "C" __global__ void split_agg(u64* __restrict__ keys, const Node* __restr
     }
     if (threadIdx.x == 0) best = NO_RESULT;
     __syncthreads();
-    for (u64 base = 0;; base += blockDim.x) {
-        const u64 d = base + threadIdx.x;
-        const u64 sd = seed + d;
-        u64 c = 0;
+    // Two candidates per thread and round (d and d + T): one shared load feeds two hashes.
+    for (u64 base = 0;; base += 2 * blockDim.x) {
+        const u64 d0 = base + threadIdx.x;
+        const u64 d1 = d0 + blockDim.x;
+        const u64 sd0 = seed + d0;
+        const u64 sd1 = seed + d1;
+        u64 c0 = 0, c1 = 0;
+#pragma unroll 4
         for (u32 i = 0; i < m; i++) {
-            u32 child = __umulhi(range_h32(sk[i] + sd, m), magic);
-            c += child < 8 ? (1ull << (8 * child)) : 0ull;
+            const u64 k = sk[i];
+            const u32 ch0 = __umulhi(range_h32(k + sd0, m), magic);
+            const u32 ch1 = __umulhi(range_h32(k + sd1, m), magic);
+            c0 += ch0 < 8 ? (1ull << (8 * ch0)) : 0ull;
+            c1 += ch1 < 8 ? (1ull << (8 * ch1)) : 0ull;
         }
-        const bool ok = c == target;
-        if (ok) atomicMin(&best, d);
-        if (__syncthreads_or(ok)) break;
+        const bool ok0 = c0 == target;
+        const bool ok1 = c1 == target;
+        if (ok0) atomicMin(&best, d0);
+        else if (ok1) atomicMin(&best, d1);
+        if (__syncthreads_or(ok0 || ok1)) break;
         if (base > watchdog) {
             if (threadIdx.x == 0) atomicOr(status, STATUS_WATCHDOG);
             return;

@@ -5,7 +5,7 @@
 mod gpu_grid;
 
 use datafusion_mphf::core::Params;
-use datafusion_mphf::gpu::{kernels, solver_for, Device, GpuContext};
+use datafusion_mphf::gpu::{auto_prefers_gpu, kernels, solver_for, Device, GpuContext};
 
 #[test]
 fn every_kernel_variant_compiles_to_ptx() {
@@ -14,7 +14,7 @@ fn every_kernel_variant_compiles_to_ptx() {
         return;
     }
     let variants = kernels::compile_all_kernels_to_ptx(kernels::DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(variants.len(), 23 * 2);
+    assert_eq!(variants.len(), 23 * 3);
     for (leaf, rotation, len) in variants {
         assert!(len > 1000, "PTX for ℓ={leaf} rotation={rotation} is only {len} bytes");
     }
@@ -44,6 +44,16 @@ fn solver_choice_never_panics() {
             assert_eq!(notice, Some(format!("GPU not available ({e}); building on the CPU")));
         }
     }
+}
+
+#[test]
+fn auto_rule() {
+    let p = |l, b| Params::try_new(l, b, false).unwrap();
+    assert!(!auto_prefers_gpu(1 << 30, &p(5, 5)));
+    assert!(!auto_prefers_gpu(1000, &p(8, 100)));
+    assert!(auto_prefers_gpu(1 << 20, &p(8, 100)));
+    assert!(auto_prefers_gpu(1 << 14, &p(16, 2000)));
+    assert!(!auto_prefers_gpu(100, &p(16, 2000)));
 }
 
 #[test]

@@ -33,16 +33,31 @@ pub fn module_source() -> String {
     format!("{COMMON_CUH}\n{}\n{}\n", strip(SPLIT_CU), strip(LEAF_CU))
 }
 
-/// NVRTC options for leaf size `leaf`, `rotation`, virtual architecture `arch` (e.g. `compute_90`).
-pub fn compile_options(leaf: usize, rotation: bool, arch: &str) -> Vec<String> {
+/// NVRTC options for leaf size `leaf`, `rotation` (with the queued variant when `queue`),
+/// virtual architecture `arch` (e.g. `compute_90`).
+pub fn compile_options(leaf: usize, rotation: bool, queue: bool, arch: &str) -> Vec<String> {
     vec![
         format!("--gpu-architecture={arch}"),
         format!("-DLEAF={leaf}"),
         format!("-DROTATION={}", rotation as u8),
         format!("-DLEAF_SEED={SEED_LEAF:#x}ULL"),
+        format!("-DROT_QUEUE={}", queue as u8),
         "-std=c++17".to_string(),
     ]
 }
+
+/// Whether full leaves of size `leaf` use the queued rotation search (see kernels/leaf.cu);
+/// `MPHF_GPU_ROT_QUEUE=0|1` overrides the default for experiments.
+pub fn rotation_queue(leaf: usize) -> bool {
+    match std::env::var("MPHF_GPU_ROT_QUEUE").ok().as_deref() {
+        Some("0") => false,
+        Some("1") => true,
+        _ => leaf >= ROT_QUEUE_MIN_LEAF,
+    }
+}
+
+/// Smallest ℓ whose full leaves use the queued rotation search by default.
+pub const ROT_QUEUE_MIN_LEAF: usize = 17;
 
 /// True when `libnvrtc` can be loaded (cudarc would panic on first use otherwise).
 pub fn nvrtc_available() -> bool {
@@ -50,15 +65,24 @@ pub fn nvrtc_available() -> bool {
     catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
 }
 
-/// Compiles the module for (`leaf`, `rotation`) to PTX for `arch`.
+/// Compiles the module for (`leaf`, `rotation`) to PTX for `arch`, with the default rotation
+/// variant ([`rotation_queue`]).
 ///
 /// # Errors
 /// A message when libnvrtc is missing or the source does not compile (with NVRTC's log).
 pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
+    compile_variant(leaf, rotation, rotation_queue(leaf), arch)
+}
+
+/// Compiles one variant to PTX; see [`compile`].
+///
+/// # Errors
+/// As [`compile`].
+pub fn compile_variant(leaf: usize, rotation: bool, queue: bool, arch: &str) -> Result<Ptx, String> {
     if !nvrtc_available() {
         return Err("libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into());
     }
-    let opts = CompileOptions { options: compile_options(leaf, rotation, arch), ..Default::default() };
+    let opts = CompileOptions { options: compile_options(leaf, rotation, queue, arch), ..Default::default() };
     let src = module_source();
     match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts))) {
         Ok(Ok(ptx)) => Ok(ptx),
@@ -72,16 +96,17 @@ pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
     }
 }
 
-/// Compiles every kernel variant (ℓ in 2..=24, rotation off/on) for `arch`; returns
-/// `(ℓ, rotation, PTX length)` per variant. Used by CI, which has libnvrtc but no GPU.
+/// Compiles every kernel variant (ℓ in 2..=24; rotation off, on with either rotation search)
+/// for `arch`; returns `(ℓ, rotation, PTX length)` per variant. Used by CI, which has libnvrtc
+/// but no GPU.
 ///
 /// # Errors
 /// The first variant that fails, with NVRTC's log.
 pub fn compile_all_kernels_to_ptx(arch: &str) -> Result<Vec<(usize, bool, usize)>, String> {
     let mut out = Vec::new();
     for leaf in MIN_LEAF..=MAX_LEAF {
-        for rotation in [false, true] {
-            let ptx = compile(leaf, rotation, arch)?;
+        for (rotation, queue) in [(false, false), (true, false), (true, true)] {
+            let ptx = compile_variant(leaf, rotation, queue, arch)?;
             let text = ptx.to_src();
             for name in KERNEL_NAMES {
                 if !text.contains(name) {

@@ -27,7 +27,7 @@ use crate::core::{BucketSolver, Params};
 /// Where a build runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Device {
-    /// The GPU when one is usable and the input is at least [`AUTO_MIN_KEYS`] keys.
+    /// The GPU when one is usable and [`auto_prefers_gpu`] says it pays off.
     #[default]
     Auto,
     /// Always the CPU.
@@ -58,17 +58,34 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// Smallest input for which `Device::Auto` picks the GPU (measured on the H200, see
-/// benches/RESULTS-gpu.md): below it, context start-up and launch overhead outweigh the search.
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10 (measured on the H200,
+/// benches/RESULTS-gpu.md: (8, 100) is 3.5× faster on the GPU from 10^6 keys on, and the first
+/// GPU build of a process pays ~0.3 s for context start and NVRTC compilation).
 pub const AUTO_MIN_KEYS: u64 = 1 << 20;
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≥ 11 (the CPU needs µs per key
+/// there: (12, 2000) is 60–90× faster on the GPU).
+pub const AUTO_MIN_KEYS_LARGE_LEAF: u64 = 1 << 14;
+/// Below this ℓ `Device::Auto` stays on the CPU: at (5, 5) the GPU build is 0.7–1.0× the CPU's
+/// (host-side hashing, bucketing and encoding dominate, and they are the same on both).
+pub const AUTO_MIN_LEAF: usize = 7;
+
+/// Whether `Device::Auto` builds `n_keys` keys with `params` on the GPU (when one is usable).
+pub fn auto_prefers_gpu(n_keys: u64, params: &Params) -> bool {
+    if params.leaf < AUTO_MIN_LEAF {
+        false
+    } else if params.leaf <= 10 {
+        n_keys >= AUTO_MIN_KEYS
+    } else {
+        n_keys >= AUTO_MIN_KEYS_LARGE_LEAF
+    }
+}
 
 /// The solver for `device` and `n_keys` keys, and a one-line notice when the GPU was asked
 /// for (explicitly) but is not usable.
 pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<dyn BucketSolver>>, Option<String>) {
-    let _ = params;
     match device {
         Device::Cpu => (None, None),
-        Device::Auto if n_keys < AUTO_MIN_KEYS => (None, None),
+        Device::Auto if !auto_prefers_gpu(n_keys, params) => (None, None),
         Device::Auto => match GpuContext::get() {
             Ok(ctx) => (Some(Arc::new(GpuSolver::new(ctx))), None),
             Err(_) => (None, None),
