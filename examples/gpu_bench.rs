@@ -58,7 +58,16 @@ struct Opts {
 }
 
 fn parse() -> Opts {
-    let mut o = Opts { grid: None, bench: false, crossover: false, one: Vec::new(), ns: vec![5_000_000, 50_000_000], reps: 3, cap: 10.0, gpu_cap: 60.0 };
+    let mut o = Opts {
+        grid: None,
+        bench: false,
+        crossover: false,
+        one: Vec::new(),
+        ns: vec![5_000_000, 50_000_000],
+        reps: 3,
+        cap: 10.0,
+        gpu_cap: 60.0,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -108,7 +117,11 @@ fn timed_build(params: Params, keys: &[u64], solver: Option<&Arc<Timed>>, reps: 
         let (m, report) = b.build_with_report(keys).expect("build failed");
         times.push(t.elapsed().as_secs_f64());
         if solver.is_some() {
-            assert!(report.fallback_notice.is_none(), "GPU fell back: {:?}", report.fallback_notice);
+            assert!(
+                report.fallback_notice.is_none(),
+                "GPU fell back: {:?}",
+                report.fallback_notice
+            );
         }
         last = Some(m);
         if times.iter().sum::<f64>() * 2.0 > cap {
@@ -134,12 +147,19 @@ fn main() {
         total as f64 / 2f64.powi(30),
         rayon::current_num_threads()
     );
-    let solver = Arc::new(Timed { inner: GpuSolver::new(ctx.clone()), last: Mutex::new(0.0) });
+    let solver = Arc::new(Timed {
+        inner: GpuSolver::new(ctx.clone()),
+        last: Mutex::new(0.0),
+    });
 
     if let Some((budget, max_n)) = o.grid {
         let t = Instant::now();
         let (checked, failures) = gpu_grid::run_grid(budget, max_n, true).unwrap();
-        println!("GRID: {checked} points, {} failures, {:.1} s", failures.len(), t.elapsed().as_secs_f64());
+        println!(
+            "GRID: {checked} points, {} failures, {:.1} s",
+            failures.len(),
+            t.elapsed().as_secs_f64()
+        );
         for f in &failures {
             println!("FAIL {f}");
         }
@@ -168,7 +188,11 @@ fn main() {
                 let (c, _, cm) = timed_build(p, &keys, None, 3, 20.0);
                 let (g, _, gm) = timed_build(p, &keys, Some(&solver), 3, 20.0);
                 assert_eq!(cm.write_bytes(), gm.write_bytes());
-                println!("| ({leaf},{bucket}) n={n} | {:.3} | {:.3} |", c * 1e6 / n as f64, g * 1e6 / n as f64);
+                println!(
+                    "| ({leaf},{bucket}) n={n} | {:.3} | {:.3} |",
+                    c * 1e6 / n as f64,
+                    g * 1e6 / n as f64
+                );
             }
         }
     }
@@ -220,10 +244,20 @@ fn main() {
                             format!("{:.4}", s * 1e6 / n as f64),
                             format!("{:.4}", gm.bits_per_key()),
                         ),
-                        None => (format!("skipped (~{predicted:.0} s)"), "-".into(), format!("{:.4}*", cm.bits_per_key())),
+                        None => (
+                            format!("skipped (~{predicted:.0} s)"),
+                            "-".into(),
+                            format!("{:.4}*", cm.bits_per_key()),
+                        ),
                     };
-                    let cnote = if cpu_n == n { String::new() } else { format!(" (n={cpu_n})") };
-                    let speedup = gpu.as_ref().map(|(t, _, _)| format!("{:.1}×", (ct / cpu_n as f64) / (t / n as f64)));
+                    let cnote = if cpu_n == n {
+                        String::new()
+                    } else {
+                        format!(" (n={cpu_n})")
+                    };
+                    let speedup = gpu
+                        .as_ref()
+                        .map(|(t, _, _)| format!("{:.1}×", (ct / cpu_n as f64) / (t / n as f64)));
                     let row = format!(
                         "{row_head} {bits} | {gcol} | {scol} | {:.4}{cnote} | {} | {} |",
                         ct * 1e6 / cpu_n as f64,
@@ -235,7 +269,9 @@ fn main() {
                 }
             }
         }
-        println!("\n| (ℓ,b) | rot | n | bits/key | GPU µs/key | GPU solve µs/key | CPU µs/key | speedup | bytes equal |");
+        println!(
+            "\n| (ℓ,b) | rot | n | bits/key | GPU µs/key | GPU solve µs/key | CPU µs/key | speedup | bytes equal |"
+        );
         println!("|---|---|---|---|---|---|---|---|---|");
         for r in rows {
             println!("{r}");

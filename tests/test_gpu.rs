@@ -25,7 +25,10 @@ fn device_parses() {
     assert_eq!("auto".parse::<Device>(), Ok(Device::Auto));
     assert_eq!("CPU".parse::<Device>(), Ok(Device::Cpu));
     assert_eq!("gpu".parse::<Device>(), Ok(Device::Gpu));
-    assert_eq!("tpu".parse::<Device>(), Err("unknown device 'tpu' (expected auto, cpu or gpu)".to_string()));
+    assert_eq!(
+        "tpu".parse::<Device>(),
+        Err("unknown device 'tpu' (expected auto, cpu or gpu)".to_string())
+    );
     assert_eq!(Device::Gpu.to_string(), "gpu");
 }
 
@@ -63,5 +66,10 @@ fn gpu_equals_cpu_grid() {
         return;
     }
     let (checked, failures) = gpu_grid::run_grid(2e8, 100_000, false).unwrap();
-    assert!(failures.is_empty(), "{} of {checked} grid points failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} grid points failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

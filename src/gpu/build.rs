@@ -76,12 +76,20 @@ fn walk(s: &Shape, m: usize, off: u64, depth: usize, slot: &mut u32, st: &mut [V
     if m <= 1 {
         return;
     }
-    let node = GpuNode { off, m: m as u32, slot: *slot };
+    let node = GpuNode {
+        off,
+        m: m as u32,
+        slot: *slot,
+    };
     *slot += 1;
     if m <= s.leaf {
         st[STAGE_LEAF].push(node);
     } else if m <= s.a1 || m <= s.a2 {
-        let (stage, unit) = if m <= s.a1 { (STAGE_AGG1, s.leaf) } else { (STAGE_AGG2, s.a1) };
+        let (stage, unit) = if m <= s.a1 {
+            (STAGE_AGG1, s.leaf)
+        } else {
+            (STAGE_AGG2, s.a1)
+        };
         st[stage].push(node);
         for j in (0..m).step_by(unit) {
             walk(s, unit.min(m - j), off + j as u64, depth, slot, st);
@@ -97,7 +105,11 @@ fn walk(s: &Shape, m: usize, off: u64, depth: usize, slot: &mut u32, st: &mut [V
 /// Plans the nodes of buckets with key offsets `offsets` (relative to the chunk, starting at 0).
 pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
     let memo = Memo::get(params.leaf);
-    let shape = Shape { leaf: params.leaf, a1: lower_aggr(params.leaf), a2: upper_aggr(params.leaf) };
+    let shape = Shape {
+        leaf: params.leaf,
+        a1: lower_aggr(params.leaf),
+        a2: upper_aggr(params.leaf),
+    };
     let nb = offsets.len() - 1;
     // Descriptor start of every bucket (the preorder slot of its root).
     let mut dstart = Vec::with_capacity(nb + 1);
@@ -116,7 +128,14 @@ pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
             let mut st = vec![Vec::new(); NUM_STAGES];
             for b in r * per..((r + 1) * per).min(nb) {
                 let mut slot = dstart[b] as u32;
-                walk(&shape, (offsets[b + 1] - offsets[b]) as usize, offsets[b], 0, &mut slot, &mut st);
+                walk(
+                    &shape,
+                    (offsets[b + 1] - offsets[b]) as usize,
+                    offsets[b],
+                    0,
+                    &mut slot,
+                    &mut st,
+                );
                 debug_assert_eq!(slot as usize, dstart[b + 1]);
             }
             st
@@ -133,8 +152,15 @@ pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
         })
         .collect();
     stages.shrink_to_fit();
-    let max_m = stages.iter().map(|v| v.iter().map(|n| n.m).max().unwrap_or(0)).collect();
-    Plan { stages, max_m, descriptors: total }
+    let max_m = stages
+        .iter()
+        .map(|v| v.iter().map(|n| n.m).max().unwrap_or(0))
+        .collect();
+    Plan {
+        stages,
+        max_m,
+        descriptors: total,
+    }
 }
 
 /// Solves buckets on the GPU; see the module docs.
@@ -146,14 +172,20 @@ pub struct GpuSolver {
 impl GpuSolver {
     /// A solver on the shared context. Set `MPHF_GPU_PROFILE=1` to print per-stage times.
     pub fn new(ctx: Arc<GpuContext>) -> Self {
-        GpuSolver { ctx, profile: std::env::var_os("MPHF_GPU_PROFILE").is_some() }
+        GpuSolver {
+            ctx,
+            profile: std::env::var_os("MPHF_GPU_PROFILE").is_some(),
+        }
     }
 
     fn solve_inner(&self, params: &Params, keys: &[u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
         let kernels = self.ctx.kernels(params.leaf, params.rotation)?;
         let memo = Memo::get(params.leaf);
         let nb = offsets.len() - 1;
-        let total: usize = offsets.windows(2).map(|w| memo.nodes[(w[1] - w[0]) as usize] as usize).sum();
+        let total: usize = offsets
+            .windows(2)
+            .map(|w| memo.nodes[(w[1] - w[0]) as usize] as usize)
+            .sum();
         let mut out = vec![0u64; total];
         let (free, _) = self.ctx.memory()?;
         let chunk_keys = ((free / 2) / DEVICE_BYTES_PER_KEY).clamp(1 << 16, 1 << 28) as u64;
@@ -169,7 +201,11 @@ impl GpuSolver {
             let t0 = Instant::now();
             let plan = plan(params, &rel);
             if self.profile {
-                eprintln!("gpu: plan {} buckets in {:.1} ms", e - b, t0.elapsed().as_secs_f64() * 1e3);
+                eprintln!(
+                    "gpu: plan {} buckets in {:.1} ms",
+                    e - b,
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
             }
             let n = plan.descriptors;
             self.solve_chunk(params, &kernels, chunk, &plan, &mut out[done..done + n])?;
@@ -194,7 +230,9 @@ impl GpuSolver {
         let stream = &self.ctx.stream;
         let t0 = Instant::now();
         let mut d_keys = stream.clone_htod(keys).map_err(err("copying keys to the device"))?;
-        let mut d_out = stream.alloc_zeros::<u64>(out.len().max(1)).map_err(err("allocating descriptors"))?;
+        let mut d_out = stream
+            .alloc_zeros::<u64>(out.len().max(1))
+            .map_err(err("allocating descriptors"))?;
         let mut d_status = stream.alloc_zeros::<u32>(1).map_err(err("allocating status"))?;
         let watchdog = DEFAULT_WATCHDOG;
         let a1 = lower_aggr(params.leaf) as u32;
@@ -202,7 +240,10 @@ impl GpuSolver {
         let stamp = |what: &str, count: usize, t: &mut Instant| -> Result<(), String> {
             if self.profile {
                 stream.synchronize().map_err(err("synchronizing"))?;
-                eprintln!("gpu: {what:>10} {count:>10} nodes {:>9.2} ms", t.elapsed().as_secs_f64() * 1e3);
+                eprintln!(
+                    "gpu: {what:>10} {count:>10} nodes {:>9.2} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
                 *t = Instant::now();
             }
             Ok(())
@@ -222,17 +263,33 @@ impl GpuSolver {
             // dynamic shared memory holds the stage's largest node.
             if stage < HIGH_STAGES {
                 let seed = START_SEEDS[stage];
-                let cfg =
-                    LaunchConfig { grid_dim: (count, 1, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: shared };
+                let cfg = LaunchConfig {
+                    grid_dim: (count, 1, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: shared,
+                };
                 let mut l = stream.launch_builder(&k.split_high);
-                l.arg(&mut d_keys).arg(&d_nodes).arg(&a2).arg(&seed).arg(&mut d_out).arg(&watchdog).arg(&mut d_status);
+                l.arg(&mut d_keys)
+                    .arg(&d_nodes)
+                    .arg(&a2)
+                    .arg(&seed)
+                    .arg(&mut d_out)
+                    .arg(&watchdog)
+                    .arg(&mut d_status);
                 unsafe { l.launch(cfg) }.map_err(err("launching split_high"))?;
                 stamp(&format!("high{stage}"), nodes.len(), &mut t)?;
             } else if stage == STAGE_AGG2 || stage == STAGE_AGG1 {
-                let (unit, seed) = if stage == STAGE_AGG2 { (a1, SEED_AGG2) } else { (params.leaf as u32, SEED_AGG1) };
+                let (unit, seed) = if stage == STAGE_AGG2 {
+                    (a1, SEED_AGG2)
+                } else {
+                    (params.leaf as u32, SEED_AGG1)
+                };
                 let magic = (1u64 << 32).div_ceil(unit as u64) as u32;
-                let cfg =
-                    LaunchConfig { grid_dim: (count, 1, 1), block_dim: (SPLIT_THREADS, 1, 1), shared_mem_bytes: shared };
+                let cfg = LaunchConfig {
+                    grid_dim: (count, 1, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: shared,
+                };
                 let mut l = stream.launch_builder(&k.split_agg);
                 l.arg(&mut d_keys)
                     .arg(&d_nodes)
@@ -252,7 +309,12 @@ impl GpuSolver {
                     shared_mem_bytes: 0,
                 };
                 let mut l = stream.launch_builder(&k.leaf_search);
-                l.arg(&d_keys).arg(&d_nodes).arg(&count).arg(&mut d_out).arg(&watchdog).arg(&mut d_status);
+                l.arg(&d_keys)
+                    .arg(&d_nodes)
+                    .arg(&count)
+                    .arg(&mut d_out)
+                    .arg(&watchdog)
+                    .arg(&mut d_status);
                 unsafe { l.launch(cfg) }.map_err(err("launching leaf_search"))?;
                 stamp("leaves", nodes.len(), &mut t)?;
             }
@@ -262,7 +324,9 @@ impl GpuSolver {
             return Err(format!("a node search passed the watchdog (status {:#x})", status[0]));
         }
         if !out.is_empty() {
-            stream.memcpy_dtoh(&d_out, out).map_err(err("copying descriptors back"))?;
+            stream
+                .memcpy_dtoh(&d_out, out)
+                .map_err(err("copying descriptors back"))?;
         }
         stream.synchronize().map_err(err("synchronizing"))?;
         stamp("download", out.len(), &mut t)?;
@@ -316,10 +380,17 @@ mod tests {
         }
         assert!(seen.iter().all(|&s| s));
         // Bucket 4 (10 keys at offset 11): Agg1 at slot 2, leaves of 8 and 2 at slots 3 and 4.
-        let agg1: Vec<_> = plan.stages[STAGE_AGG1].iter().filter(|n| n.off == 11 && n.m == 10).collect();
+        let agg1: Vec<_> = plan.stages[STAGE_AGG1]
+            .iter()
+            .filter(|n| n.off == 11 && n.m == 10)
+            .collect();
         assert_eq!(agg1.len(), 1);
         assert_eq!(agg1[0].slot, 2);
-        let leaves: Vec<_> = plan.stages[STAGE_LEAF].iter().filter(|n| (11..21).contains(&n.off)).map(|n| (n.off, n.m, n.slot)).collect();
+        let leaves: Vec<_> = plan.stages[STAGE_LEAF]
+            .iter()
+            .filter(|n| (11..21).contains(&n.off))
+            .map(|n| (n.off, n.m, n.slot))
+            .collect();
         assert_eq!(leaves, vec![(11, 8, 3), (19, 2, 4)]);
         // The 202-key bucket starts with a depth-0 high split (192 | 10).
         assert!(plan.stages[0].iter().any(|n| n.off == 21 && n.m == 202 && n.slot == 5));

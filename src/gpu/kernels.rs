@@ -29,7 +29,12 @@ pub const DEFAULT_ARCH: &str = "compute_90";
 /// The whole module's source: `common.cuh` once, then the `.cu` files without their
 /// `#include "common.cuh"` lines (NVRTC is given no include path).
 pub fn module_source() -> String {
-    let strip = |s: &str| s.lines().filter(|l| l.trim() != "#include \"common.cuh\"").collect::<Vec<_>>().join("\n");
+    let strip = |s: &str| {
+        s.lines()
+            .filter(|l| l.trim() != "#include \"common.cuh\"")
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     format!("{COMMON_CUH}\n{}\n{}\n", strip(SPLIT_CU), strip(LEAF_CU))
 }
 
@@ -80,9 +85,14 @@ pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
 /// As [`compile`].
 pub fn compile_variant(leaf: usize, rotation: bool, queue: bool, arch: &str) -> Result<Ptx, String> {
     if !nvrtc_available() {
-        return Err("libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into());
+        return Err(
+            "libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into(),
+        );
     }
-    let opts = CompileOptions { options: compile_options(leaf, rotation, queue, arch), ..Default::default() };
+    let opts = CompileOptions {
+        options: compile_options(leaf, rotation, queue, arch),
+        ..Default::default()
+    };
     let src = module_source();
     match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts))) {
         Ok(Ok(ptx)) => Ok(ptx),

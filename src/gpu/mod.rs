@@ -116,7 +116,10 @@ pub struct GpuContext {
 
 impl std::fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuContext").field("name", &self.name).field("arch", &self.arch).finish()
+        f.debug_struct("GpuContext")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
     }
 }
 
@@ -144,9 +147,13 @@ impl GpuContext {
             return Err("no CUDA device found".into());
         }
         let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
-        let (major, minor) = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| format!("cannot read the compute capability: {e}"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let stream = ctx.new_stream().map_err(|e| format!("cannot create a CUDA stream: {e}"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| format!("cannot create a CUDA stream: {e}"))?;
         Ok(Arc::new(GpuContext {
             ctx,
             stream,
@@ -184,7 +191,11 @@ impl GpuContext {
         let module = catch_unwind(AssertUnwindSafe(|| self.ctx.load_module(ptx)))
             .map_err(|_| "loading the kernel module panicked".to_string())?
             .map_err(|e| format!("cannot load the kernel module: {e}"))?;
-        let f = |name: &str| module.load_function(name).map_err(|e| format!("kernel {name} missing: {e}"));
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| format!("kernel {name} missing: {e}"))
+        };
         let k = Arc::new(Kernels {
             split_high: f("split_high")?,
             split_agg: f("split_agg")?,

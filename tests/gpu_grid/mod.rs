@@ -57,7 +57,9 @@ pub fn check_bijection(mphf: &Mphf, keys: &[u64]) -> Result<(), String> {
 
 /// One grid point: CPU and GPU bytes equal, GPU actually used, bijection.
 pub fn check_one(solver: &Arc<dyn BucketSolver>, params: Params, keys: &[u64]) -> Result<(), String> {
-    let cpu = Builder::new(params).build(keys).map_err(|e| format!("CPU build failed: {e}"))?;
+    let cpu = Builder::new(params)
+        .build(keys)
+        .map_err(|e| format!("CPU build failed: {e}"))?;
     let (gpu, report) = Builder::new(params)
         .solver(Some(solver.clone()))
         .build_with_report(keys)
@@ -75,7 +77,9 @@ pub fn check_one(solver: &Arc<dyn BucketSolver>, params: Params, keys: &[u64]) -
 pub fn run_grid(budget: f64, max_n: usize, verbose: bool) -> Result<(usize, Vec<String>), String> {
     let ctx = GpuContext::get()?;
     let solver: Arc<dyn BucketSolver> = Arc::new(GpuSolver::new(ctx));
-    let ns = [1usize, 2, 3, 5, 8, 13, 24, 50, 101, 1000, 2999, 10_000, 100_000, 1_000_000, 10_000_000];
+    let ns = [
+        1usize, 2, 3, 5, 8, 13, 24, 50, 101, 1000, 2999, 10_000, 100_000, 1_000_000, 10_000_000,
+    ];
     let mut checked = 0;
     let mut failures = Vec::new();
     for leaf in 2..=24usize {
