@@ -163,6 +163,13 @@ fn main() {
         for f in &failures {
             println!("FAIL {f}");
         }
+        for chunk in [1, 5000, 65_536] {
+            let (checked, failures) = gpu_grid::run_chunked(chunk).unwrap();
+            println!("CHUNKED {chunk}: {checked} points, {} failures", failures.len());
+            for f in &failures {
+                println!("FAIL {f}");
+            }
+        }
     }
 
     for &(leaf, bucket, rotation, n) in &o.one {

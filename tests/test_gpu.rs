@@ -73,3 +73,20 @@ fn gpu_equals_cpu_grid() {
         failures.join("\n")
     );
 }
+
+#[test]
+fn gpu_chunked_equals_cpu() {
+    if let Err(e) = GpuContext::get() {
+        println!("SKIPPED: no usable GPU ({e})");
+        return;
+    }
+    for chunk in [1, 5000, 65_536] {
+        let (checked, failures) = gpu_grid::run_chunked(chunk).unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} of {checked} failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+}

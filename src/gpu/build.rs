@@ -167,6 +167,7 @@ pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
 pub struct GpuSolver {
     ctx: Arc<GpuContext>,
     profile: bool,
+    chunk_keys: Option<u64>,
 }
 
 impl GpuSolver {
@@ -175,7 +176,15 @@ impl GpuSolver {
         GpuSolver {
             ctx,
             profile: std::env::var_os("MPHF_GPU_PROFILE").is_some(),
+            chunk_keys: None,
         }
+    }
+
+    /// Caps the keys solved per device round trip (default: what half the free device memory
+    /// holds, at most 2^28). Small caps exercise the chunked path in tests.
+    pub fn with_chunk_keys(mut self, keys: u64) -> Self {
+        self.chunk_keys = Some(keys.max(1));
+        self
     }
 
     fn solve_inner(&self, params: &Params, keys: &[u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
@@ -187,8 +196,13 @@ impl GpuSolver {
             .map(|w| memo.nodes[(w[1] - w[0]) as usize] as usize)
             .sum();
         let mut out = vec![0u64; total];
-        let (free, _) = self.ctx.memory()?;
-        let chunk_keys = ((free / 2) / DEVICE_BYTES_PER_KEY).clamp(1 << 16, 1 << 28) as u64;
+        let chunk_keys = match self.chunk_keys {
+            Some(c) => c,
+            None => {
+                let (free, _) = self.ctx.memory()?;
+                ((free / 2) / DEVICE_BYTES_PER_KEY).clamp(1 << 16, 1 << 28) as u64
+            }
+        };
         let mut b = 0usize;
         let mut done = 0usize;
         while b < nb {

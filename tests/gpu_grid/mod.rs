@@ -73,6 +73,31 @@ pub fn check_one(solver: &Arc<dyn BucketSolver>, params: Params, keys: &[u64]) -
     check_bijection(&gpu, keys)
 }
 
+/// Chunked solving (many device round trips) gives the same bytes: a few configurations with
+/// chunks of `chunk` keys. Returns (points checked, failures).
+pub fn run_chunked(chunk: u64) -> Result<(usize, Vec<String>), String> {
+    let ctx = GpuContext::get()?;
+    let solver: Arc<dyn BucketSolver> = Arc::new(GpuSolver::new(ctx).with_chunk_keys(chunk));
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for &(leaf, bucket, rotation, n) in &[
+        (8usize, 100usize, false, 200_000usize),
+        (5, 5, true, 100_000),
+        (12, 2000, true, 50_000),
+        (2, 500, false, 30_000),
+    ] {
+        let params = Params::try_new(leaf, bucket, rotation).map_err(|e| e.to_string())?;
+        let keys = random_keys(n, 99 + leaf as u64);
+        checked += 1;
+        if let Err(e) = check_one(&solver, params, &keys) {
+            failures.push(format!(
+                "chunked {chunk}: ℓ={leaf} b={bucket} rot={rotation} n={n}: {e}"
+            ));
+        }
+    }
+    Ok((checked, failures))
+}
+
 /// Runs the grid with leaf-work `budget` per configuration; returns (points checked, failures).
 pub fn run_grid(budget: f64, max_n: usize, verbose: bool) -> Result<(usize, Vec<String>), String> {
     let ctx = GpuContext::get()?;
