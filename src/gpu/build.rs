@@ -271,10 +271,10 @@ impl GpuSolver {
             let count = nodes.len() as u32;
             let d_nodes = stream.clone_htod(nodes).map_err(err("copying nodes to the device"))?;
             let shared = plan.max_m[stage] * 8;
-            // SAFETY (all launches below): argument lists match the kernel signatures in
-            // kernels/split.cu and kernels/leaf.cu; every node's key range lies inside d_keys
-            // and every slot inside d_out (the plan is built from the same offsets), and the
-            // dynamic shared memory holds the stage's largest node.
+            // All launches below: argument lists match the kernel signatures in kernels/split.cu
+            // and kernels/leaf.cu; every node's key range lies inside d_keys and every slot
+            // inside d_out (the plan is built from the same offsets), and the dynamic shared
+            // memory holds the stage's largest node.
             if stage < HIGH_STAGES {
                 let seed = START_SEEDS[stage];
                 let cfg = LaunchConfig {
@@ -290,6 +290,7 @@ impl GpuSolver {
                     .arg(&mut d_out)
                     .arg(&watchdog)
                     .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
                 unsafe { l.launch(cfg) }.map_err(err("launching split_high"))?;
                 stamp(&format!("high{stage}"), nodes.len(), &mut t)?;
             } else if stage == STAGE_AGG2 || stage == STAGE_AGG1 {
@@ -313,6 +314,7 @@ impl GpuSolver {
                     .arg(&mut d_out)
                     .arg(&watchdog)
                     .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
                 unsafe { l.launch(cfg) }.map_err(err("launching split_agg"))?;
                 stamp(if stage == STAGE_AGG2 { "agg2" } else { "agg1" }, nodes.len(), &mut t)?;
             } else {
@@ -329,6 +331,7 @@ impl GpuSolver {
                     .arg(&mut d_out)
                     .arg(&watchdog)
                     .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
                 unsafe { l.launch(cfg) }.map_err(err("launching leaf_search"))?;
                 stamp("leaves", nodes.len(), &mut t)?;
             }
