@@ -59,8 +59,8 @@ impl std::fmt::Display for Device {
 }
 
 /// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10 (measured on the H200,
-/// benches/RESULTS-gpu.md: (8, 100) is 3.5× faster on the GPU from 10^6 keys on, and the first
-/// GPU build of a process pays ~0.3 s for context start and NVRTC compilation).
+/// benches/RESULTS-gpu.md: (8, 100) is 3.5–5× faster on the GPU from 10^6 keys on; the margin
+/// covers the first GPU build's context start and NVRTC compilation).
 pub const AUTO_MIN_KEYS: u64 = 1 << 20;
 /// Smallest input for which `Device::Auto` picks the GPU at ℓ ≥ 11 (the CPU needs µs per key
 /// there: (12, 2000) is 60–90× faster on the GPU).
