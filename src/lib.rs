@@ -8,6 +8,8 @@
 
 pub mod core;
 pub mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 
 #[cfg(feature = "bench-peers")]
 pub mod cli;

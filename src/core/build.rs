@@ -612,31 +612,53 @@ fn concat_chunks(
     (rice.finish(), sigma)
 }
 
-/// Encodes descriptors produced by a [`BucketSolver`] (bucket after bucket, preorder).
+/// Encodes descriptors produced by a [`BucketSolver`] (bucket after bucket, preorder), in
+/// parallel over ranges of buckets joined like the CPU path's ([`concat_chunks`]).
 fn encode_from_descriptors(
     params: &Params,
     offsets: &[u64],
     descriptors: &[u64],
 ) -> std::result::Result<(super::rice::RiceBits, Vec<u64>), SolveError> {
     let memo = Memo::get(params.leaf);
-    let mut rice = RiceBuilder::new();
-    let mut sigma = Vec::with_capacity(offsets.len());
+    let num_buckets = offsets.len() - 1;
+    let mut dstart = Vec::with_capacity(num_buckets + 1);
     let mut used = 0usize;
     for w in offsets.windows(2) {
-        let m = (w[1] - w[0]) as usize;
-        sigma.push(rice.len());
-        let count = memo.nodes[m] as usize;
-        encode_bucket(memo, m, &descriptors[used..used + count], &mut rice);
-        used += count;
+        dstart.push(used);
+        used += memo.nodes[(w[1] - w[0]) as usize] as usize;
     }
+    dstart.push(used);
     assert_eq!(
         used,
         descriptors.len(),
         "solver returned {} descriptors, the shapes need {used}",
         descriptors.len()
     );
-    sigma.push(rice.len());
-    Ok((rice.finish(), sigma))
+    let target = solve_chunk_keys(*offsets.last().unwrap_or(&0));
+    let mut ranges = Vec::new();
+    let mut b = 0usize;
+    while b < num_buckets {
+        let mut e = b + 1;
+        while e < num_buckets && offsets[e] - offsets[b] < target {
+            e += 1;
+        }
+        ranges.push((b, e));
+        b = e;
+    }
+    let outs = ranges
+        .into_par_iter()
+        .map(|(b0, b1)| {
+            let mut rice = RiceBuilder::new();
+            let mut sigma = Vec::with_capacity(b1 - b0);
+            for b in b0..b1 {
+                sigma.push(rice.len());
+                let m = (offsets[b + 1] - offsets[b]) as usize;
+                encode_bucket(memo, m, &descriptors[dstart[b]..dstart[b + 1]], &mut rice);
+            }
+            (b0, b1, rice, sigma)
+        })
+        .collect();
+    Ok(concat_chunks(num_buckets, outs))
 }
 
 /// Appends one bucket's code: fixed parts in preorder, then unary parts in preorder (spec §7.4).

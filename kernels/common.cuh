@@ -1,0 +1,42 @@
+// Shared device code for the RecSplit GPU build (spec §4, §10.6).
+//
+// Device twins of the host hashing in src/core/hash.rs: `fmix32` and the H32 range function
+// `R_m`. They must stay bit-identical to the host versions: the GPU build is checked byte for
+// byte against the CPU build (spec §10.7).
+//
+// Compile-time parameters (NVRTC -D options, set in src/gpu/kernels.rs):
+//   LEAF       leaf size ℓ (2..=24)
+//   ROTATION   1 when full leaves use bijection rotation (spec §5.3)
+//   LEAF_SEED  the leaf seed S19 (spec §4.3), a u64 literal
+// Split seeds (S17, S18, START_SEEDS[depth]) are kernel arguments.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define NO_RESULT 0xffffffffffffffffULL
+// Bit set in *status when a search passed the watchdog (the host then falls back to the CPU,
+// which reports the error).
+#define STATUS_WATCHDOG 1u
+
+// One node of a splitting tree, as planned on the host: its keys are keys[off .. off + m), its
+// descriptor goes to out[slot] (the node's preorder position in the chunk's descriptor list).
+struct Node {
+    u64 off;
+    u32 m;
+    u32 slot;
+};
+
+// MurmurHash3's 32-bit finalizer (src/core/hash.rs fmix32).
+__device__ __forceinline__ u32 fmix32(u32 h) {
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    return h ^ (h >> 16);
+}
+
+// R_m(x) in [0, m) for m < 2^16: fold hi ^ lo, fmix32, 16-bit fixed-point multiply (spec §4.2).
+__device__ __forceinline__ u32 range_h32(u64 x, u32 m) {
+    u32 f = (u32)(x >> 32) ^ (u32)x;
+    return ((fmix32(f) & 0xFFFFu) * m) >> 16;
+}

@@ -1,0 +1,416 @@
+//! [`GpuSolver`]: all buckets' splitting trees solved level by level on the GPU (spec §10.6,
+//! "later refinement": each level launched once for many buckets).
+//!
+//! The tree shape depends only on bucket sizes (spec §3), and after a split child j occupies a
+//! known sub-range of its parent's keys (spec §3.5, §6.2). So the host plans every node up front
+//! as an `(offset, size, slot)` record, where `slot` is the node's preorder position in the
+//! output (exactly the CPU's descriptor order), and groups the records into stages: high-level
+//! nodes by depth (seed `START_SEEDS[depth]`), then Agg2, Agg1 and leaves. One kernel launch per
+//! non-empty stage, in that order on one stream, so each level sees its keys already
+//! redistributed by the level above. Descriptors are u64 on both sides.
+//!
+//! Chunks of consecutive buckets are solved one after another when the device memory would not
+//! hold all keys at once (≈ 32 B per key on the device at worst).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use rayon::prelude::*;
+
+use super::GpuContext;
+use crate::core::build::{BucketSolver, DEFAULT_WATCHDOG};
+use crate::core::hash::{SEED_AGG1, SEED_AGG2, START_SEEDS};
+use crate::core::memo::Memo;
+use crate::core::params::Params;
+use crate::core::tree::{lower_aggr, split_left, upper_aggr};
+
+/// One planned node; the layout matches `struct Node` in `kernels/common.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuNode {
+    /// Index of the node's first key in the chunk's key array.
+    pub off: u64,
+    /// Number of keys (≥ 2).
+    pub m: u32,
+    /// Preorder position of the node's descriptor in the chunk's output.
+    pub slot: u32,
+}
+
+// SAFETY: plain old data (two integers and a u64, repr(C), no padding), valid for any bits.
+unsafe impl DeviceRepr for GpuNode {}
+
+/// High-level stages: one per depth (there are 20 start seeds; the CPU indexes them the same way).
+const HIGH_STAGES: usize = START_SEEDS.len();
+const STAGE_AGG2: usize = HIGH_STAGES;
+const STAGE_AGG1: usize = HIGH_STAGES + 1;
+const STAGE_LEAF: usize = HIGH_STAGES + 2;
+const NUM_STAGES: usize = HIGH_STAGES + 3;
+
+/// Threads per block of the split kernels.
+const SPLIT_THREADS: u32 = 256;
+/// Leaves per block of the leaf kernel (one warp each; `LEAF_WARPS` in leaf.cu).
+const LEAF_WARPS: u32 = 8;
+/// Device bytes per key budgeted for a chunk (keys, descriptors, node records).
+const DEVICE_BYTES_PER_KEY: usize = 32;
+
+/// All nodes of a chunk, grouped by stage.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Nodes per stage (high depths 0..20, Agg2, Agg1, leaves).
+    pub stages: Vec<Vec<GpuNode>>,
+    /// Largest node per stage (sizes the shared memory of split launches).
+    pub max_m: Vec<u32>,
+    /// Number of descriptors.
+    pub descriptors: usize,
+}
+
+struct Shape {
+    leaf: usize,
+    a1: usize,
+    a2: usize,
+}
+
+fn walk(s: &Shape, m: usize, off: u64, depth: usize, slot: &mut u32, st: &mut [Vec<GpuNode>]) {
+    if m <= 1 {
+        return;
+    }
+    let node = GpuNode {
+        off,
+        m: m as u32,
+        slot: *slot,
+    };
+    *slot += 1;
+    if m <= s.leaf {
+        st[STAGE_LEAF].push(node);
+    } else if m <= s.a1 || m <= s.a2 {
+        let (stage, unit) = if m <= s.a1 {
+            (STAGE_AGG1, s.leaf)
+        } else {
+            (STAGE_AGG2, s.a1)
+        };
+        st[stage].push(node);
+        for j in (0..m).step_by(unit) {
+            walk(s, unit.min(m - j), off + j as u64, depth, slot, st);
+        }
+    } else {
+        st[depth].push(node);
+        let left = split_left(m, s.a2);
+        walk(s, left, off, depth + 1, slot, st);
+        walk(s, m - left, off + left as u64, depth + 1, slot, st);
+    }
+}
+
+/// Plans the nodes of buckets with key offsets `offsets` (relative to the chunk, starting at 0).
+pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
+    let memo = Memo::get(params.leaf);
+    let shape = Shape {
+        leaf: params.leaf,
+        a1: lower_aggr(params.leaf),
+        a2: upper_aggr(params.leaf),
+    };
+    let nb = offsets.len() - 1;
+    // Descriptor start of every bucket (the preorder slot of its root).
+    let mut dstart = Vec::with_capacity(nb + 1);
+    let mut total = 0usize;
+    for w in offsets.windows(2) {
+        dstart.push(total);
+        total += memo.nodes[(w[1] - w[0]) as usize] as usize;
+    }
+    dstart.push(total);
+    assert!(total <= u32::MAX as usize, "a chunk has more than 2^32 descriptors");
+    let ranges = (rayon::current_num_threads() * 8).max(1);
+    let per = nb.div_ceil(ranges).max(1);
+    let parts: Vec<Vec<Vec<GpuNode>>> = (0..nb.div_ceil(per))
+        .into_par_iter()
+        .map(|r| {
+            let mut st = vec![Vec::new(); NUM_STAGES];
+            for b in r * per..((r + 1) * per).min(nb) {
+                let mut slot = dstart[b] as u32;
+                walk(
+                    &shape,
+                    (offsets[b + 1] - offsets[b]) as usize,
+                    offsets[b],
+                    0,
+                    &mut slot,
+                    &mut st,
+                );
+                debug_assert_eq!(slot as usize, dstart[b + 1]);
+            }
+            st
+        })
+        .collect();
+    let mut stages: Vec<Vec<GpuNode>> = (0..NUM_STAGES)
+        .into_par_iter()
+        .map(|s| {
+            let mut v = Vec::with_capacity(parts.iter().map(|p| p[s].len()).sum());
+            for p in &parts {
+                v.extend_from_slice(&p[s]);
+            }
+            v
+        })
+        .collect();
+    stages.shrink_to_fit();
+    let max_m = stages
+        .iter()
+        .map(|v| v.iter().map(|n| n.m).max().unwrap_or(0))
+        .collect();
+    Plan {
+        stages,
+        max_m,
+        descriptors: total,
+    }
+}
+
+/// Solves buckets on the GPU; see the module docs.
+pub struct GpuSolver {
+    ctx: Arc<GpuContext>,
+    profile: bool,
+    chunk_keys: Option<u64>,
+}
+
+impl GpuSolver {
+    /// A solver on the shared context. Set `MPHF_GPU_PROFILE=1` to print per-stage times.
+    pub fn new(ctx: Arc<GpuContext>) -> Self {
+        GpuSolver {
+            ctx,
+            profile: std::env::var_os("MPHF_GPU_PROFILE").is_some(),
+            chunk_keys: None,
+        }
+    }
+
+    /// Caps the keys solved per device round trip (default: what half the free device memory
+    /// holds, at most 2^28). Small caps exercise the chunked path in tests.
+    pub fn with_chunk_keys(mut self, keys: u64) -> Self {
+        self.chunk_keys = Some(keys.max(1));
+        self
+    }
+
+    fn solve_inner(&self, params: &Params, keys: &[u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
+        let kernels = self.ctx.kernels(params.leaf, params.rotation)?;
+        let memo = Memo::get(params.leaf);
+        let nb = offsets.len() - 1;
+        let total: usize = offsets
+            .windows(2)
+            .map(|w| memo.nodes[(w[1] - w[0]) as usize] as usize)
+            .sum();
+        let mut out = vec![0u64; total];
+        let chunk_keys = match self.chunk_keys {
+            Some(c) => c,
+            None => {
+                let (free, _) = self.ctx.memory()?;
+                ((free / 2) / DEVICE_BYTES_PER_KEY).clamp(1 << 16, 1 << 28) as u64
+            }
+        };
+        let mut b = 0usize;
+        let mut done = 0usize;
+        while b < nb {
+            let mut e = b + 1;
+            while e < nb && offsets[e + 1] - offsets[b] <= chunk_keys {
+                e += 1;
+            }
+            let rel: Vec<u64> = offsets[b..=e].iter().map(|&o| o - offsets[b]).collect();
+            let chunk = &keys[offsets[b] as usize..offsets[e] as usize];
+            let t0 = Instant::now();
+            let plan = plan(params, &rel);
+            if self.profile {
+                eprintln!(
+                    "gpu: plan {} buckets in {:.1} ms",
+                    e - b,
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            let n = plan.descriptors;
+            self.solve_chunk(params, &kernels, chunk, &plan, &mut out[done..done + n])?;
+            done += n;
+            b = e;
+        }
+        debug_assert_eq!(done, total);
+        Ok(out)
+    }
+
+    fn solve_chunk(
+        &self,
+        params: &Params,
+        k: &super::Kernels,
+        keys: &[u64],
+        plan: &Plan,
+        out: &mut [u64],
+    ) -> Result<(), String> {
+        fn err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
+            move |e| format!("{what}: {e}")
+        }
+        let stream = &self.ctx.stream;
+        let t0 = Instant::now();
+        let mut d_keys = stream.clone_htod(keys).map_err(err("copying keys to the device"))?;
+        let mut d_out = stream
+            .alloc_zeros::<u64>(out.len().max(1))
+            .map_err(err("allocating descriptors"))?;
+        let mut d_status = stream.alloc_zeros::<u32>(1).map_err(err("allocating status"))?;
+        let watchdog = DEFAULT_WATCHDOG;
+        let a1 = lower_aggr(params.leaf) as u32;
+        let a2 = upper_aggr(params.leaf) as u32;
+        let stamp = |what: &str, count: usize, t: &mut Instant| -> Result<(), String> {
+            if self.profile {
+                stream.synchronize().map_err(err("synchronizing"))?;
+                eprintln!(
+                    "gpu: {what:>10} {count:>10} nodes {:>9.2} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                *t = Instant::now();
+            }
+            Ok(())
+        };
+        let mut t = t0;
+        stamp("upload", keys.len(), &mut t)?;
+        for (stage, nodes) in plan.stages.iter().enumerate() {
+            if nodes.is_empty() {
+                continue;
+            }
+            let count = nodes.len() as u32;
+            let d_nodes = stream.clone_htod(nodes).map_err(err("copying nodes to the device"))?;
+            let shared = plan.max_m[stage] * 8;
+            // All launches below: argument lists match the kernel signatures in kernels/split.cu
+            // and kernels/leaf.cu; every node's key range lies inside d_keys and every slot
+            // inside d_out (the plan is built from the same offsets), and the dynamic shared
+            // memory holds the stage's largest node.
+            if stage < HIGH_STAGES {
+                let seed = START_SEEDS[stage];
+                let cfg = LaunchConfig {
+                    grid_dim: (count, 1, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: shared,
+                };
+                let mut l = stream.launch_builder(&k.split_high);
+                l.arg(&mut d_keys)
+                    .arg(&d_nodes)
+                    .arg(&a2)
+                    .arg(&seed)
+                    .arg(&mut d_out)
+                    .arg(&watchdog)
+                    .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
+                unsafe { l.launch(cfg) }.map_err(err("launching split_high"))?;
+                stamp(&format!("high{stage}"), nodes.len(), &mut t)?;
+            } else if stage == STAGE_AGG2 || stage == STAGE_AGG1 {
+                let (unit, seed) = if stage == STAGE_AGG2 {
+                    (a1, SEED_AGG2)
+                } else {
+                    (params.leaf as u32, SEED_AGG1)
+                };
+                let magic = (1u64 << 32).div_ceil(unit as u64) as u32;
+                let cfg = LaunchConfig {
+                    grid_dim: (count, 1, 1),
+                    block_dim: (SPLIT_THREADS, 1, 1),
+                    shared_mem_bytes: shared,
+                };
+                let mut l = stream.launch_builder(&k.split_agg);
+                l.arg(&mut d_keys)
+                    .arg(&d_nodes)
+                    .arg(&unit)
+                    .arg(&magic)
+                    .arg(&seed)
+                    .arg(&mut d_out)
+                    .arg(&watchdog)
+                    .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
+                unsafe { l.launch(cfg) }.map_err(err("launching split_agg"))?;
+                stamp(if stage == STAGE_AGG2 { "agg2" } else { "agg1" }, nodes.len(), &mut t)?;
+            } else {
+                debug_assert_eq!(stage, STAGE_LEAF);
+                let cfg = LaunchConfig {
+                    grid_dim: (count.div_ceil(LEAF_WARPS), 1, 1),
+                    block_dim: (32 * LEAF_WARPS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut l = stream.launch_builder(&k.leaf_search);
+                l.arg(&d_keys)
+                    .arg(&d_nodes)
+                    .arg(&count)
+                    .arg(&mut d_out)
+                    .arg(&watchdog)
+                    .arg(&mut d_status);
+                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
+                unsafe { l.launch(cfg) }.map_err(err("launching leaf_search"))?;
+                stamp("leaves", nodes.len(), &mut t)?;
+            }
+        }
+        let status = stream.clone_dtoh(&d_status).map_err(err("reading the status"))?;
+        if status[0] != 0 {
+            return Err(format!("a node search passed the watchdog (status {:#x})", status[0]));
+        }
+        if !out.is_empty() {
+            stream
+                .memcpy_dtoh(&d_out, out)
+                .map_err(err("copying descriptors back"))?;
+        }
+        stream.synchronize().map_err(err("synchronizing"))?;
+        stamp("download", out.len(), &mut t)?;
+        drop(d_keys);
+        Ok(())
+    }
+}
+
+impl BucketSolver for GpuSolver {
+    fn name(&self) -> &str {
+        "gpu"
+    }
+
+    fn solve(&self, params: &Params, keys: &mut [u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
+        catch_unwind(AssertUnwindSafe(|| self.solve_inner(params, keys, offsets)))
+            .unwrap_or_else(|_| Err("the GPU build panicked".to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tree::{kind, NodeKind};
+
+    #[test]
+    fn plan_slots_are_preorder_positions() {
+        // Buckets of sizes 0, 1, 2, 8, 10, 202, 2999 with ℓ = 8 (A1 = 32, A2 = 96).
+        let sizes = [0u64, 1, 2, 8, 10, 202, 2999];
+        let mut offsets = vec![0u64];
+        for s in sizes {
+            offsets.push(offsets.last().unwrap() + s);
+        }
+        let params = Params::try_new(8, 100, false).unwrap();
+        let plan = plan(&params, &offsets);
+        let memo = Memo::get(8);
+        let total: usize = sizes.iter().map(|&s| memo.nodes[s as usize] as usize).sum();
+        assert_eq!(plan.descriptors, total);
+        let mut seen = vec![false; total];
+        for (stage, nodes) in plan.stages.iter().enumerate() {
+            for n in nodes {
+                assert!(!seen[n.slot as usize], "slot {} twice", n.slot);
+                seen[n.slot as usize] = true;
+                let k = kind(n.m as usize, 8);
+                match stage {
+                    STAGE_LEAF => assert_eq!(k, NodeKind::Leaf),
+                    STAGE_AGG1 => assert!(matches!(k, NodeKind::Agg1 { .. })),
+                    STAGE_AGG2 => assert!(matches!(k, NodeKind::Agg2 { .. })),
+                    _ => assert!(matches!(k, NodeKind::High { .. })),
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        // Bucket 4 (10 keys at offset 11): Agg1 at slot 2, leaves of 8 and 2 at slots 3 and 4.
+        let agg1: Vec<_> = plan.stages[STAGE_AGG1]
+            .iter()
+            .filter(|n| n.off == 11 && n.m == 10)
+            .collect();
+        assert_eq!(agg1.len(), 1);
+        assert_eq!(agg1[0].slot, 2);
+        let leaves: Vec<_> = plan.stages[STAGE_LEAF]
+            .iter()
+            .filter(|n| (11..21).contains(&n.off))
+            .map(|n| (n.off, n.m, n.slot))
+            .collect();
+        assert_eq!(leaves, vec![(11, 8, 3), (19, 2, 4)]);
+        // The 202-key bucket starts with a depth-0 high split (192 | 10).
+        assert!(plan.stages[0].iter().any(|n| n.off == 21 && n.m == 202 && n.slot == 5));
+        assert!(plan.stages[1].iter().any(|n| n.off == 21 && n.m == 192));
+    }
+}

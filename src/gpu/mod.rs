@@ -1,0 +1,208 @@
+//! The GPU backend (spec §10.6–10.7): RecSplit bucket solving on an NVIDIA GPU via cudarc.
+//!
+//! This is the only module that touches CUDA. The kernels (`kernels/*.cu`) are compiled at run
+//! time by NVRTC for the device's architecture, once per (ℓ, rotation) and process. The
+//! [`GpuSolver`] implements the core's [`BucketSolver`]: it returns exactly the descriptors the
+//! CPU search finds, so the shared encoder produces identical bytes.
+//!
+//! Failure policy: no driver library, no device, a failed context, compile, launch or
+//! allocation all become `Err(String)`; the builder then builds on the CPU with a one-line
+//! notice. cudarc (with `dynamic-loading`) panics when a CUDA library is missing, so every
+//! entry point checks for the library first and wraps the first load in `catch_unwind`.
+
+pub mod build;
+pub mod kernels;
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+
+pub use build::GpuSolver;
+
+use crate::core::{BucketSolver, Params};
+
+/// Where a build runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The GPU when one is usable and [`auto_prefers_gpu`] says it pays off.
+    #[default]
+    Auto,
+    /// Always the CPU.
+    Cpu,
+    /// The GPU (falls back to the CPU with a notice when no GPU is usable).
+    Gpu,
+}
+
+impl FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu),
+            other => Err(format!("unknown device '{other}' (expected auto, cpu or gpu)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        })
+    }
+}
+
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10 (measured on the H200,
+/// benches/RESULTS-gpu.md: (8, 100) is 3.5–5× faster on the GPU from 10^6 keys on; the margin
+/// covers the first GPU build's context start and NVRTC compilation).
+pub const AUTO_MIN_KEYS: u64 = 1 << 20;
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≥ 11 (the CPU needs µs per key
+/// there: (12, 2000) is 60–90× faster on the GPU).
+pub const AUTO_MIN_KEYS_LARGE_LEAF: u64 = 1 << 14;
+/// Below this ℓ `Device::Auto` stays on the CPU: at (5, 5) the GPU build is 0.7–1.0× the CPU's
+/// (host-side hashing, bucketing and encoding dominate, and they are the same on both).
+pub const AUTO_MIN_LEAF: usize = 7;
+
+/// Whether `Device::Auto` builds `n_keys` keys with `params` on the GPU (when one is usable).
+pub fn auto_prefers_gpu(n_keys: u64, params: &Params) -> bool {
+    if params.leaf < AUTO_MIN_LEAF {
+        false
+    } else if params.leaf <= 10 {
+        n_keys >= AUTO_MIN_KEYS
+    } else {
+        n_keys >= AUTO_MIN_KEYS_LARGE_LEAF
+    }
+}
+
+/// The solver for `device` and `n_keys` keys, and a one-line notice when the GPU was asked
+/// for (explicitly) but is not usable.
+pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<dyn BucketSolver>>, Option<String>) {
+    match device {
+        Device::Cpu => (None, None),
+        Device::Auto if !auto_prefers_gpu(n_keys, params) => (None, None),
+        Device::Auto => match GpuContext::get() {
+            Ok(ctx) => (Some(Arc::new(GpuSolver::new(ctx))), None),
+            Err(_) => (None, None),
+        },
+        Device::Gpu => match GpuContext::get() {
+            Ok(ctx) => (Some(Arc::new(GpuSolver::new(ctx))), None),
+            Err(e) => (None, Some(format!("GPU not available ({e}); building on the CPU"))),
+        },
+    }
+}
+
+/// The kernels of one (ℓ, rotation) module.
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    pub(crate) split_high: CudaFunction,
+    pub(crate) split_agg: CudaFunction,
+    pub(crate) leaf_search: CudaFunction,
+}
+
+/// A process-wide CUDA context on device 0 with its stream and module cache.
+pub struct GpuContext {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    arch: String,
+    name: String,
+    modules: Mutex<HashMap<(usize, bool), Arc<Kernels>>>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .finish()
+    }
+}
+
+static GPU: OnceLock<Result<Arc<GpuContext>, String>> = OnceLock::new();
+
+impl GpuContext {
+    /// The shared context, created on first use.
+    ///
+    /// # Errors
+    /// Why no GPU is usable (no libcuda, no device, context creation failed).
+    pub fn get() -> Result<Arc<GpuContext>, String> {
+        GPU.get_or_init(|| {
+            catch_unwind(Self::create).unwrap_or_else(|_| Err("loading the CUDA driver panicked".to_string()))
+        })
+        .clone()
+    }
+
+    fn create() -> Result<Arc<GpuContext>, String> {
+        // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("no CUDA driver library (libcuda.so) found".into());
+        }
+        let count = CudaContext::device_count().map_err(|e| format!("cuInit/cuDeviceGetCount failed: {e}"))?;
+        if count < 1 {
+            return Err("no CUDA device found".into());
+        }
+        let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| format!("cannot read the compute capability: {e}"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| format!("cannot create a CUDA stream: {e}"))?;
+        Ok(Arc::new(GpuContext {
+            ctx,
+            stream,
+            arch: format!("compute_{major}{minor}"),
+            name,
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The device's name (e.g. "NVIDIA H200").
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The virtual architecture the kernels are compiled for (e.g. "compute_90").
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), String> {
+        self.ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo failed: {e}"))
+    }
+
+    /// The kernels for (ℓ, rotation), compiled and loaded on first use.
+    ///
+    /// # Errors
+    /// NVRTC or module-load failures.
+    pub fn kernels(&self, leaf: usize, rotation: bool) -> Result<Arc<Kernels>, String> {
+        let mut map = self.modules.lock().map_err(|_| "kernel cache poisoned".to_string())?;
+        if let Some(k) = map.get(&(leaf, rotation)) {
+            return Ok(k.clone());
+        }
+        let ptx = kernels::compile(leaf, rotation, &self.arch)?;
+        let module = catch_unwind(AssertUnwindSafe(|| self.ctx.load_module(ptx)))
+            .map_err(|_| "loading the kernel module panicked".to_string())?
+            .map_err(|e| format!("cannot load the kernel module: {e}"))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| format!("kernel {name} missing: {e}"))
+        };
+        let k = Arc::new(Kernels {
+            split_high: f("split_high")?,
+            split_agg: f("split_agg")?,
+            leaf_search: f("leaf_search")?,
+            _module: module.clone(),
+        });
+        map.insert((leaf, rotation), k.clone());
+        Ok(k)
+    }
+}
