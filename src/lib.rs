@@ -6,6 +6,8 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod core;
 pub mod error;
 
