@@ -6,12 +6,11 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod core;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
-
-#[cfg(feature = "bench-peers")]
-pub mod cli;
 
 pub use error::{MphfError, Result};

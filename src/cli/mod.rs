@@ -1,4 +1,181 @@
-//! The `mphf` command line: one module per subcommand.
+//! The `mphf` command-line tool (issue 2 item 7): build, inspect and query column indexes.
+//!
+//! Layout: one file per subcommand, each with a clap `Args` struct and a `run` function; shared
+//! argument groups ([`InputArgs`], [`ParamArgs`]) are flattened into the subcommands that need
+//! them, and [`Command`] is the one place a new subcommand is added. Errors are [`CliError`]
+//! (thiserror); `anyhow` appears only in `src/bin/mphf.rs`.
 
-#[cfg(feature = "bench-peers")]
 pub mod bench_build;
+pub mod build;
+pub mod demo;
+pub mod inspect;
+pub mod lookup;
+pub mod parquet_io;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use thiserror::Error;
+
+use crate::core::column::IndexOptions;
+use crate::core::Params;
+use crate::error::MphfError;
+
+/// RecSplit minimal perfect hash indexes over Parquet / Arrow columns.
+#[derive(Debug, Parser)]
+#[command(name = "mphf", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `mphf`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build a column index from one column of a Parquet file.
+    Build(build::BuildArgs),
+    /// Print an index's parameters and counts as one JSON object.
+    Inspect(inspect::InspectArgs),
+    /// Look up every row of a Parquet column; write the column and its `slot`.
+    Lookup(lookup::LookupArgs),
+    /// The main job: generate TPC-H keys, build indexes, compare MPHF slots with hash maps.
+    Demo(demo::DemoArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// The benchmarks of `mphf bench`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Build and query random u64 keys with RecSplit, PtrHash and FMPHGO; print one table.
+    Build(bench_build::BenchBuildArgs),
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+/// The subcommand's [`CliError`].
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Build(args) => build::run(&args),
+        Command::Inspect(args) => inspect::run(&args),
+        Command::Lookup(args) => lookup::run(&args),
+        Command::Demo(args) => demo::run(&args),
+        Command::Bench(BenchCommand::Build(args)) => {
+            bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
+            Ok(())
+        }
+    }
+}
+
+/// A Parquet input and one of its columns.
+#[derive(Debug, Clone, Args)]
+pub struct InputArgs {
+    /// Input Parquet file.
+    #[arg(long, short = 'i')]
+    pub input: PathBuf,
+    /// Name of the key column.
+    #[arg(long, short = 'c')]
+    pub column: String,
+}
+
+/// MPHF parameters and build resources.
+#[derive(Debug, Clone, Args)]
+pub struct ParamArgs {
+    /// Leaf size ℓ (2..=24): larger is smaller and slower to build.
+    #[arg(long, default_value_t = Params::DEFAULT.leaf)]
+    pub leaf: usize,
+    /// Expected bucket size b (1..=2000): larger is smaller and slower to query.
+    #[arg(long, default_value_t = Params::DEFAULT.bucket)]
+    pub bucket: usize,
+    /// Bijection rotation: faster leaf search for ≤ 0.05 bits/key.
+    #[arg(long)]
+    pub rotation: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// First hash seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl ParamArgs {
+    /// The index options these arguments describe.
+    ///
+    /// # Errors
+    /// [`MphfError::InvalidParameter`] for ℓ or b out of range, or zero threads.
+    pub fn options(&self) -> Result<IndexOptions, MphfError> {
+        if self.threads == Some(0) {
+            return Err(MphfError::InvalidParameter("--threads must be at least 1".into()));
+        }
+        Ok(IndexOptions {
+            params: Params::try_new(self.leaf, self.bucket, self.rotation)?,
+            seed: self.seed,
+            threads: self.threads,
+            solver: None,
+        })
+    }
+}
+
+/// Errors of the command-line tool.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// A benchmark failed.
+    #[error("benchmark failed: {0}")]
+    Bench(String),
+    /// An index build, load or lookup failed.
+    #[error(transparent)]
+    Mphf(#[from] MphfError),
+    /// A file could not be read or written.
+    #[error("{path}: {err}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        err: std::io::Error,
+    },
+    /// A Parquet file could not be read or written.
+    #[error("{path}: {err}")]
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        err: parquet::errors::ParquetError,
+    },
+    /// An Arrow operation failed.
+    #[error("arrow error: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// The requested column is not in the file.
+    #[error("column {column:?} not found in {path} (columns: {available})")]
+    MissingColumn {
+        /// The requested column.
+        column: String,
+        /// The file.
+        path: PathBuf,
+        /// Its top-level columns, comma separated.
+        available: String,
+    },
+    /// An index file is invalid.
+    #[error("{path}: {err}")]
+    Index {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        err: MphfError,
+    },
+    /// The column exists but its type cannot be a key.
+    #[error("column {column:?} in {path}: {err}")]
+    Column {
+        /// The column.
+        column: String,
+        /// The file.
+        path: PathBuf,
+        /// Why it cannot be used.
+        err: MphfError,
+    },
+    /// JSON output failed.
+    #[error("JSON error: {0}")]
+    Json(#[from] serde_json::Error),
+}

@@ -1,16 +1,42 @@
 //! Column indexes: an MPHF over the distinct non-NULL keys of one Arrow column, plus those keys
 //! in slot order, so that a slot maps back to its key and a lookup verifies membership
-//! (a non-member gets "absent", never a wrong slot). SKELETON: API fixed, bodies in progress.
+//! (a non-member gets "absent", never a wrong slot). Issue 2 item 6.
+//!
+//! - **Build** ([`ColumnIndex::build`]): one pass over the chunks counts rows and NULLs and drops
+//!   the NULLs; the builder runs in deduplicate mode over the null-free keys (a `KeySet` over
+//!   the Arrow array, see [`keys`]), and its report names the distinct keys; each distinct key is
+//!   then queried once (batched, in parallel) and placed at its slot, giving the keys in slot
+//!   order as an Arrow array of the key type.
+//! - **Lookup** ([`ColumnIndex::lookup_slots`]): the probe is cast to the key type if needed
+//!   (within a type family: integers, dates/timestamps, strings/binaries), queried in blocks with
+//!   the batched MPHF query, then verified against `keys[slot]` with the next rows' keys
+//!   prefetched. No per-row allocation; primitive keys compare native values, byte keys bytes.
+//! - **File** ([`file`]): a versioned, checksummed, 8-byte-aligned little-endian format that
+//!   [`ColumnIndex::open`] reads in place from a memory map.
+//!
+//! Invariant: a lookup of `x` gives a slot `s` iff `x` is a non-NULL key of the build column,
+//! and then `keys()[s] == x`; the slots of the distinct keys are exactly `0..len()`.
 
+pub mod file;
+pub mod keys;
+
+use std::fmt;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef};
+use arrow::array::{new_empty_array, Array, ArrayRef, UInt32Array, UInt64Array};
+use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::datatypes::{DataType, TimeUnit};
+use rayon::prelude::*;
 
+use self::keys::{arrow_type_of, key_type_of, probe_castable, with_col, with_pair, ColFn, ColKeySet, KeyCol, PairFn};
 use crate::core::build::BucketSolver;
-use crate::core::{Mphf, Params};
-use crate::error::Result;
+use crate::core::words::{WordWriter, Words};
+use crate::core::{Builder, Mphf, Params};
+use crate::error::{MphfError, Result};
+
+pub use self::file::{FORMAT_VERSION, MAGIC};
 
 /// Slot value meaning "NULL or not in the index" in [`ColumnIndex::lookup_slots`].
 pub const ABSENT: u64 = u64::MAX;
@@ -58,12 +84,11 @@ impl KeyType {
     /// # Errors
     /// [`crate::MphfError::UnsupportedType`] naming the type.
     pub fn from_arrow(dt: &DataType) -> Result<KeyType> {
-        let _ = dt;
-        todo!()
+        key_type_of(dt)
     }
     /// The Arrow type.
     pub fn to_arrow(&self) -> DataType {
-        todo!()
+        arrow_type_of(self)
     }
 }
 
@@ -99,32 +124,278 @@ impl ColumnStats {
 }
 
 /// An MPHF index over one column.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ColumnIndex {
-    _p: (),
+    /// The MPHF over the distinct keys.
+    pub(crate) mphf: Mphf,
+    /// Type of the keys.
+    pub(crate) key_type: KeyType,
+    /// Distinct keys in slot order (no NULLs), of type `key_type.to_arrow()`.
+    pub(crate) keys: ArrayRef,
+    /// Counts taken while building.
+    pub(crate) stats: ColumnStats,
+    /// Free-form provenance.
+    pub(crate) provenance: String,
+    /// Who solved the buckets ("cpu", "gpu", ...).
+    pub(crate) device: String,
+    /// Build time, Unix seconds.
+    pub(crate) built_at: u64,
+    /// Words of the serialized MPHF.
+    pub(crate) mphf_words: u64,
+    /// Words of the serialized keys section.
+    pub(crate) key_words: u64,
+    /// True when the arrays live in a memory map.
+    pub(crate) mapped: bool,
+}
+
+impl fmt::Debug for ColumnIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ColumnIndex")
+            .field("key_type", &self.key_type)
+            .field("len", &self.len())
+            .field("stats", &self.stats)
+            .field("params", &self.mphf.params())
+            .field("seed", &self.mphf.seed())
+            .field("device", &self.device)
+            .field("built_at", &self.built_at)
+            .field("provenance", &self.provenance)
+            .field("mapped", &self.mapped)
+            .finish()
+    }
+}
+
+/// The value type of a dictionary column, or the type itself.
+fn value_type(dt: &DataType) -> &DataType {
+    match dt {
+        DataType::Dictionary(_, v) => v,
+        other => other,
+    }
+}
+
+/// Rows per block of the lookup: the batched query of a block, then its verification, stay in
+/// L1/L2 (8 KiB of slots).
+const LOOKUP_BLOCK: usize = 1024;
+/// How many rows ahead the verification prefetches `keys[slot]`.
+const VERIFY_AHEAD: usize = 8;
+/// Keys per parallel task when placing the distinct keys at their slots.
+const PLACE_CHUNK: usize = 1 << 16;
+
+/// The build body, generic over the key column.
+struct BuildFn<'a> {
+    builder: &'a Builder,
+}
+
+impl ColFn for BuildFn<'_> {
+    type Out = Result<(Mphf, Vec<u64>, String)>;
+    fn call<C: KeyCol>(self, col: &C, _arr: &dyn Array) -> Self::Out {
+        let (mphf, report) = self.builder.build_with_report(&ColKeySet(col))?;
+        let kept = report.kept.unwrap_or_else(|| (0..col.rows()).collect());
+        let seed = mphf.seed();
+        let mut slots = vec![0u64; kept.len()];
+        slots.par_chunks_mut(PLACE_CHUNK).enumerate().for_each(|(c, out)| {
+            let base = c * PLACE_CHUNK;
+            mphf.index_batch_with(out.len(), |i| col.hash_at(kept[base + i], seed), out);
+        });
+        let n = kept.len();
+        let mut order = vec![u64::MAX; n];
+        for (i, &s) in slots.iter().enumerate() {
+            // A violation means the MPHF is not a bijection on its own build keys: a bug.
+            assert!(
+                s < n as u64 && order[s as usize] == u64::MAX,
+                "MPHF is not minimal perfect: slot {s} of {n}"
+            );
+            order[s as usize] = kept[i] as u64;
+        }
+        Ok((mphf, order, report.solver))
+    }
+}
+
+/// Total bytes of a byte-key column (for size accounting).
+struct DataLen;
+
+impl ColFn for DataLen {
+    type Out = u64;
+    fn call<C: KeyCol>(self, col: &C, _arr: &dyn Array) -> u64 {
+        (0..col.rows()).map(|i| col.byte_len_at(i) as u64).sum()
+    }
+}
+
+/// The verified batched lookup, generic over the key column.
+struct ProbeFn<'a> {
+    mphf: &'a Mphf,
+    nulls: Option<&'a NullBuffer>,
+    out: &'a mut [u64],
+}
+
+impl PairFn for ProbeFn<'_> {
+    type Out = ();
+    fn call<C: KeyCol>(self, keys: &C, probe: &C) {
+        let len = keys.rows() as u64;
+        let seed = self.mphf.seed();
+        for (b, block) in self.out.chunks_mut(LOOKUP_BLOCK).enumerate() {
+            let base = b * LOOKUP_BLOCK;
+            self.mphf
+                .index_batch_with(block.len(), |i| probe.hash_at(base + i, seed), block);
+            for i in 0..block.len() {
+                if let Some(&ahead) = block.get(i + VERIFY_AHEAD) {
+                    if ahead < len {
+                        keys.prefetch_at(ahead as usize);
+                    }
+                }
+                let s = block[i];
+                let valid = self.nulls.is_none_or(|n| n.is_valid(base + i));
+                if !(valid && s < len && keys.eq_at(s as usize, probe, base + i)) {
+                    block[i] = ABSENT;
+                }
+            }
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl ColumnIndex {
     /// Builds over the chunks of one column: skips NULLs, removes duplicates.
+    ///
+    /// Dictionary chunks are decoded to their value type.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::Arc;
+    /// use arrow::array::{Array, ArrayRef, Int64Array};
+    /// use datafusion_mphf::core::column::{ColumnIndex, IndexOptions};
+    /// let col: ArrayRef = Arc::new(Int64Array::from(vec![Some(10), None, Some(30), Some(10)]));
+    /// let idx = ColumnIndex::build(&[col], &IndexOptions::default()).unwrap();
+    /// assert_eq!(idx.len(), 2);
+    /// assert!(idx.stats().had_duplicates());
+    /// let probe = Int64Array::from(vec![30, 20]);
+    /// let slots = idx.lookup(&probe).unwrap();
+    /// assert!(slots.is_valid(0) && slots.is_null(1));
+    /// ```
+    ///
+    /// # Errors
+    /// [`MphfError::UnsupportedType`] naming the column type; [`MphfError::InvalidParameter`]
+    /// for no chunks, chunks of different types or bad parameters; the builder's errors.
     pub fn build(chunks: &[ArrayRef], opts: &IndexOptions) -> Result<ColumnIndex> {
-        let _ = (chunks, opts);
-        todo!()
+        Self::build_with_progress(chunks, opts, None)
     }
+
+    /// As [`ColumnIndex::build`], advancing `progress` by the keys whose bucket is solved (see
+    /// `Builder::progress`; it ends at the number of distinct keys).
+    ///
+    /// # Errors
+    /// As [`ColumnIndex::build`].
+    pub fn build_with_progress(
+        chunks: &[ArrayRef],
+        opts: &IndexOptions,
+        progress: Option<Arc<AtomicU64>>,
+    ) -> Result<ColumnIndex> {
+        match opts.threads {
+            Some(t) => rayon::ThreadPoolBuilder::new()
+                .num_threads(t.max(1))
+                .build()
+                .map_err(|e| MphfError::InvalidParameter(format!("cannot start {t} threads: {e}")))?
+                .install(|| Self::build_inner(chunks, opts, progress)),
+            None => Self::build_inner(chunks, opts, progress),
+        }
+    }
+
+    fn build_inner(chunks: &[ArrayRef], opts: &IndexOptions, progress: Option<Arc<AtomicU64>>) -> Result<ColumnIndex> {
+        opts.params.validate()?;
+        let first = chunks
+            .first()
+            .ok_or_else(|| MphfError::InvalidParameter("no column chunks: the key type is unknown".into()))?;
+        let dt = value_type(first.data_type()).clone();
+        let key_type = KeyType::from_arrow(&dt)?;
+        let (mut rows, mut nulls) = (0u64, 0u64);
+        let mut parts: Vec<ArrayRef> = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            if value_type(chunk.data_type()) != &dt {
+                return Err(MphfError::InvalidParameter(format!(
+                    "column chunks have different types: {dt} and {}",
+                    chunk.data_type()
+                )));
+            }
+            let chunk = if chunk.data_type() != &dt {
+                arrow::compute::cast(chunk, &dt)?
+            } else {
+                chunk.clone()
+            };
+            rows += chunk.len() as u64;
+            let null_count = chunk.logical_null_count();
+            nulls += null_count as u64;
+            let chunk = if null_count > 0 {
+                arrow::compute::filter(&chunk, &arrow::compute::is_not_null(&chunk)?)?
+            } else {
+                chunk
+            };
+            if !chunk.is_empty() {
+                parts.push(chunk);
+            }
+        }
+        let all: ArrayRef = match parts.len() {
+            0 => new_empty_array(&dt),
+            1 => parts.pop().expect("one part"),
+            _ => {
+                let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                let all = arrow::compute::concat(&refs)?;
+                drop(parts);
+                all
+            }
+        };
+        let mut builder = Builder::new(opts.params)
+            .seed(opts.seed)
+            .deduplicate(true)
+            .solver(opts.solver.clone());
+        if let Some(p) = progress {
+            builder = builder.progress(p);
+        }
+        let (mphf, order, device) = with_col(&key_type, all.as_ref(), BuildFn { builder: &builder })?;
+        let keys = arrow::compute::take(all.as_ref(), &UInt64Array::from(order), None)?;
+        drop(all);
+        let distinct = keys.len() as u64;
+        let mut idx = ColumnIndex {
+            mphf,
+            key_type,
+            keys,
+            stats: ColumnStats { rows, nulls, distinct },
+            provenance: String::new(),
+            device,
+            built_at: now_unix(),
+            mphf_words: 0,
+            key_words: 0,
+            mapped: false,
+        };
+        let mut w = WordWriter::new();
+        idx.mphf.write(&mut w);
+        idx.mphf_words = w.out.len() as u64;
+        let data = match idx.key_type.width() {
+            Some(_) => 0,
+            None => with_col(&idx.key_type, idx.keys.as_ref(), DataLen),
+        };
+        idx.key_words = file::key_section_words(distinct, idx.key_type.width().unwrap_or(0), data);
+        Ok(idx)
+    }
+
     /// The MPHF.
     pub fn mphf(&self) -> &Mphf {
-        todo!()
+        &self.mphf
     }
     /// Key type.
     pub fn key_type(&self) -> &KeyType {
-        todo!()
+        &self.key_type
     }
     /// Keys in slot order (the key of slot s is `keys()[s]`).
     pub fn keys(&self) -> &ArrayRef {
-        todo!()
+        &self.keys
     }
     /// Number of slots (distinct keys).
     pub fn len(&self) -> u64 {
-        todo!()
+        self.keys.len() as u64
     }
     /// True when the index has no keys.
     pub fn is_empty(&self) -> bool {
@@ -132,53 +403,136 @@ impl ColumnIndex {
     }
     /// Build statistics.
     pub fn stats(&self) -> &ColumnStats {
-        todo!()
+        &self.stats
     }
     /// `UInt32`, or `UInt64` when the index has more than 2^32 keys.
     pub fn slot_type(&self) -> DataType {
-        todo!()
+        if self.len() > 1 << 32 {
+            DataType::UInt64
+        } else {
+            DataType::UInt32
+        }
     }
+    /// Who solved the buckets at build time ("cpu", or the solver's name).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+    /// Build time in Unix seconds.
+    pub fn built_at(&self) -> u64 {
+        self.built_at
+    }
+    /// The file format version ([`FORMAT_VERSION`]).
+    pub fn format_version(&self) -> u64 {
+        FORMAT_VERSION
+    }
+    /// True when the MPHF and keys are read in place from a memory-mapped file.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
+    /// The probe cast to the key type (`None`: already of the key type).
+    fn cast_probe(&self, probe: &dyn Array) -> Result<Option<ArrayRef>> {
+        let dt = self.key_type.to_arrow();
+        if probe.data_type() == &dt {
+            return Ok(None);
+        }
+        if !probe_castable(probe.data_type(), &dt) {
+            return Err(MphfError::TypeMismatch {
+                index: dt.to_string(),
+                probe: probe.data_type().to_string(),
+            });
+        }
+        Ok(Some(arrow::compute::cast(probe, &dt)?))
+    }
+
     /// Slots of a probe array as an Arrow array of [`ColumnIndex::slot_type`]; NULL for NULL
     /// and non-member keys. The probe may be any type castable to the key type.
+    ///
+    /// # Errors
+    /// [`MphfError::TypeMismatch`] when the probe's type cannot hold keys of the index's type.
     pub fn lookup(&self, probe: &dyn Array) -> Result<ArrayRef> {
-        let _ = probe;
-        todo!()
+        let mut slots = Vec::new();
+        self.lookup_slots(probe, &mut slots)?;
+        let valid = BooleanBuffer::collect_bool(slots.len(), |i| slots[i] != ABSENT);
+        let nulls = NullBuffer::new(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        Ok(if self.slot_type() == DataType::UInt32 {
+            let values: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+            Arc::new(UInt32Array::new(values.into(), nulls))
+        } else {
+            Arc::new(UInt64Array::new(slots.into(), nulls))
+        })
     }
+
     /// Raw slots: `out[i]` is the slot of row i, or [`ABSENT`].
+    ///
+    /// # Errors
+    /// As [`ColumnIndex::lookup`].
     pub fn lookup_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> Result<()> {
-        let _ = (probe, out);
-        todo!()
+        let cast = self.cast_probe(probe)?;
+        let probe: &dyn Array = cast.as_deref().unwrap_or(probe);
+        out.clear();
+        out.resize(probe.len(), ABSENT);
+        if self.is_empty() || probe.is_empty() || probe.logical_null_count() == probe.len() {
+            return Ok(());
+        }
+        let nulls = probe.logical_nulls();
+        let f = ProbeFn {
+            mphf: &self.mphf,
+            nulls: nulls.as_ref(),
+            out,
+        };
+        with_pair(&self.key_type, self.keys.as_ref(), probe, f);
+        Ok(())
     }
+
     /// Free-form provenance (the DataFusion layer stores its data fingerprint here).
     pub fn provenance(&self) -> &str {
-        todo!()
+        &self.provenance
     }
     /// Replaces the provenance.
     pub fn set_provenance(&mut self, provenance: String) {
-        let _ = provenance;
-        todo!()
+        self.provenance = provenance;
     }
     /// Bytes of the serialized index.
     pub fn size_bytes(&self) -> u64 {
-        todo!()
+        file::serialized_len(self)
     }
     /// Serializes into bytes.
     pub fn write_bytes(&self) -> Vec<u8> {
-        todo!()
+        file::write_bytes(self)
     }
     /// Writes to `path` atomically (temporary file, then rename).
+    ///
+    /// # Errors
+    /// [`MphfError::Io`].
     pub fn write_to_path(&self, path: &Path) -> Result<()> {
-        let _ = path;
-        todo!()
+        file::write_to_path(self, path)
     }
     /// Opens a file through a memory map (no copy); verifies magic, version and checksum.
+    ///
+    /// # Errors
+    /// [`MphfError::Io`] when the file cannot be read; [`MphfError::Format`] when it is not a
+    /// valid index of this format version.
     pub fn open(path: &Path) -> Result<ColumnIndex> {
-        let _ = path;
-        todo!()
+        let f = std::fs::File::open(path)?;
+        if f.metadata()?.len() < 4096 {
+            // Small files: a copy costs nothing and avoids mapping empty or tiny files.
+            return Self::from_bytes(&std::fs::read(path)?);
+        }
+        // SAFETY: the map is read-only; like every memory-mapped reader we rely on the file not
+        // being truncated or modified by another process while the index is open (the writer
+        // replaces files by rename, which leaves an open map intact).
+        let map = unsafe { memmap2::Mmap::map(&f)? };
+        file::check_raw(&map)?;
+        file::parse(Words::from_mmap(map)?)
     }
     /// Reads from bytes (copied).
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] when the bytes are not a valid index of this format version.
     pub fn from_bytes(bytes: &[u8]) -> Result<ColumnIndex> {
-        let _ = bytes;
-        todo!()
+        file::check_raw(bytes)?;
+        file::parse(Words::from_bytes(bytes)?)
     }
 }

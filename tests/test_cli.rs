@@ -1,0 +1,299 @@
+//! Tests of the `mphf` binary (issue 2 item 7): build → inspect → lookup on Parquet files written
+//! here, and the error paths (missing column, unsupported type, corrupt index).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, StringArray, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+
+fn mphf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mphf"))
+        .args(args)
+        .output()
+        .expect("run mphf")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = mphf(args);
+    assert!(
+        out.status.success(),
+        "mphf {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = mphf(args);
+    assert!(!out.status.success(), "mphf {args:?} succeeded");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+fn read_parquet(path: &Path) -> RecordBatch {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+}
+
+struct Files {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Files {
+    fn new() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        Files { _dir: dir, root }
+    }
+    fn path(&self, name: &str) -> String {
+        self.root.join(name).to_str().unwrap().to_string()
+    }
+}
+
+/// A table with an Int64 key column (NULLs, duplicates), a string column and a float column.
+fn sample(files: &Files) -> String {
+    let ids: Vec<Option<i64>> = (0..3000)
+        .map(|i| if i % 10 == 0 { None } else { Some((i % 1000) * 3) })
+        .collect();
+    let names: Vec<Option<String>> = (0..3000)
+        .map(|i| {
+            if i % 7 == 0 {
+                None
+            } else {
+                Some(format!("n{}", i % 500))
+            }
+        })
+        .collect();
+    let floats: Vec<f64> = (0..3000).map(|i| i as f64).collect();
+    let path = files.path("data.parquet");
+    write_parquet(
+        Path::new(&path),
+        vec![
+            ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("name", Arc::new(StringArray::from(names)) as ArrayRef),
+            ("price", Arc::new(Float64Array::from(floats)) as ArrayRef),
+        ],
+    );
+    path
+}
+
+#[test]
+fn build_inspect_lookup_int_column() {
+    let files = Files::new();
+    let data = sample(&files);
+    let index = files.path("id.mphf");
+    let summary = ok(&["build", "--input", &data, "--column", "id", "--output", &index]);
+    let line = summary.trim();
+    assert_eq!(summary.lines().count(), 1, "{summary}");
+    // Keys v·3 for v in 0..1000 with v % 10 ≠ 0 (v % 10 = 0 rows are NULL).
+    assert!(line.starts_with("keys 900, bits/key "), "{line}");
+    assert!(line.contains(" (MPHF), index bytes "), "{line}");
+    assert!(line.ends_with(" s"), "{line}");
+
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", &index])).unwrap();
+    assert_eq!(json["keys"], 900);
+    assert_eq!(json["rows"], 3000);
+    assert_eq!(json["nulls"], 300);
+    assert_eq!(json["leaf"], 8);
+    assert_eq!(json["bucket"], 100);
+    assert_eq!(json["rotation"], false);
+    assert_eq!(json["seed"], 0);
+    assert_eq!(json["key_type"], "Int64");
+    assert_eq!(json["format_version"], 1);
+    assert_eq!(json["device"], "cpu");
+    assert_eq!(json["bytes"], std::fs::metadata(&index).unwrap().len());
+    let bpk = json["mphf_bits_per_key"].as_f64().unwrap();
+    assert!(bpk > 1.0 && bpk < 10.0, "{bpk}");
+    let index_bytes = line.split("index bytes ").nth(1).unwrap().split(',').next().unwrap();
+    assert_eq!(index_bytes, json["bytes"].to_string());
+
+    // Probe with members, non-members and NULLs.
+    let probe = files.path("probe.parquet");
+    let ids: Vec<Option<i64>> = vec![
+        Some(3),
+        Some(6),
+        Some(4),
+        None,
+        Some(2997),
+        Some(3000),
+        Some(3),
+        Some(30),
+    ];
+    write_parquet(
+        Path::new(&probe),
+        vec![("id", Arc::new(Int64Array::from(ids.clone())) as ArrayRef)],
+    );
+    let out = files.path("out.parquet");
+    assert_eq!(
+        ok(&["lookup", "--index", &index, "--input", &probe, "--column", "id", "--output", &out]),
+        ""
+    );
+    let batch = read_parquet(Path::new(&out));
+    assert_eq!(batch.schema().field(0).name(), "id");
+    assert_eq!(batch.schema().field(1).name(), "slot");
+    assert_eq!(batch.schema().field(1).data_type(), &DataType::UInt32);
+    let got_ids = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    assert_eq!(got_ids, &Int64Array::from(ids));
+    let slots = batch.column(1).as_any().downcast_ref::<UInt32Array>().unwrap();
+    let valid: Vec<bool> = (0..slots.len()).map(|i| slots.is_valid(i)).collect();
+    assert_eq!(valid, [true, true, false, false, true, false, true, false]);
+    assert_eq!(slots.value(0), slots.value(6));
+    assert_ne!(slots.value(0), slots.value(1));
+
+    // Looking up the build column itself: every non-NULL row gets a slot < 900, equal keys
+    // equal slots, distinct keys distinct slots.
+    let out = files.path("self.parquet");
+    ok(&[
+        "lookup", "--index", &index, "--input", &data, "--column", "id", "--output", &out,
+    ]);
+    let batch = read_parquet(Path::new(&out));
+    assert_eq!(batch.num_rows(), 3000);
+    let ids = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    let slots = batch.column(1).as_any().downcast_ref::<UInt32Array>().unwrap();
+    let mut by_key = HashMap::new();
+    let mut by_slot = HashMap::new();
+    for i in 0..batch.num_rows() {
+        assert_eq!(ids.is_null(i), slots.is_null(i));
+        if ids.is_valid(i) {
+            let (k, s) = (ids.value(i), slots.value(i));
+            assert!(s < 900);
+            assert_eq!(*by_key.entry(k).or_insert(s), s);
+            assert_eq!(*by_slot.entry(s).or_insert(k), k);
+        }
+    }
+    assert_eq!(by_slot.len(), 900);
+}
+
+#[test]
+fn build_string_column_with_parameters() {
+    let files = Files::new();
+    let data = sample(&files);
+    let index = files.path("name.mphf");
+    let args = [
+        "build",
+        "--input",
+        &data,
+        "--column",
+        "name",
+        "--leaf",
+        "5",
+        "--bucket",
+        "5",
+        "--rotation",
+        "--threads",
+        "1",
+        "--seed",
+        "7",
+        "--output",
+        &index,
+    ];
+    assert!(ok(&args).starts_with("keys 500, "));
+    let json: serde_json::Value = serde_json::from_str(&ok(&["inspect", &index])).unwrap();
+    assert_eq!(json["leaf"], 5);
+    assert_eq!(json["bucket"], 5);
+    assert_eq!(json["rotation"], true);
+    assert_eq!(json["seed"], 7);
+    assert_eq!(json["key_type"], "Utf8");
+    assert_eq!(json["keys"], 500);
+    let out = files.path("out.parquet");
+    ok(&[
+        "lookup", "--index", &index, "--input", &data, "--column", "name", "--output", &out,
+    ]);
+    let batch = read_parquet(Path::new(&out));
+    let slots = batch.column(1);
+    assert_eq!(slots.null_count(), batch.column(0).null_count());
+}
+
+#[test]
+fn errors_are_clear() {
+    let files = Files::new();
+    let data = sample(&files);
+    let index = files.path("x.mphf");
+
+    let e = fails(&["build", "--input", &data, "--column", "nope", "--output", &index]);
+    assert!(
+        e.contains(&format!(
+            "column \"nope\" not found in {data} (columns: id, name, price)"
+        )),
+        "{e}"
+    );
+    let e = fails(&["build", "--input", &data, "--column", "price", "--output", &index]);
+    assert!(
+        e.contains(&format!(
+            "column \"price\" in {data}: unsupported key type Float64: supported are"
+        )),
+        "{e}"
+    );
+    assert!(!Path::new(&index).exists());
+    let missing = files.path("missing.parquet");
+    let e = fails(&["build", "--input", &missing, "--column", "id", "--output", &index]);
+    assert!(e.contains(&format!("{missing}: No such file or directory")), "{e}");
+    let e = fails(&[
+        "build", "--input", &data, "--column", "id", "--leaf", "40", "--output", &index,
+    ]);
+    assert!(e.contains("invalid parameter: leaf size 40 is outside 2..=24"), "{e}");
+
+    ok(&["build", "--input", &data, "--column", "id", "--output", &index]);
+    let out = files.path("out.parquet");
+    let e = fails(&[
+        "lookup", "--index", &index, "--input", &data, "--column", "name", "--output", &out,
+    ]);
+    assert!(
+        e.contains("key type mismatch: the index holds Int64 keys, the probe column is Utf8"),
+        "{e}"
+    );
+    let e = fails(&[
+        "lookup", "--index", &index, "--input", &data, "--column", "price", "--output", &out,
+    ]);
+    assert!(e.contains("unsupported key type Float64"), "{e}");
+
+    let mut bytes = std::fs::read(&index).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x55;
+    let corrupt = files.path("corrupt.mphf");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let e = fails(&["inspect", &corrupt]);
+    assert!(
+        e.contains(&format!("{corrupt}: invalid index file: checksum mismatch")),
+        "{e}"
+    );
+    let e = fails(&[
+        "lookup", "--index", &corrupt, "--input", &data, "--column", "id", "--output", &out,
+    ]);
+    assert!(e.contains("invalid index file: checksum mismatch"), "{e}");
+    std::fs::write(&corrupt, &bytes[..n / 2]).unwrap();
+    let e = fails(&["inspect", &corrupt]);
+    assert!(e.contains("invalid index file: truncated"), "{e}");
+    std::fs::write(&corrupt, b"PAR1 this is not an index").unwrap();
+    let e = fails(&["inspect", &corrupt]);
+    assert!(
+        e.contains("invalid index file: bad magic number: not an mphf column index"),
+        "{e}"
+    );
+    let e = fails(&["inspect", &files.path("none.mphf")]);
+    assert!(e.contains("none.mphf: No such file or directory"), "{e}");
+}
