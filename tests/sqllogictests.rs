@@ -1,1 +1,191 @@
-fn main() {}
+//! The `.slt` suite (`sql-tests/*.slt`), run by `cargo test --test sqllogictests`.
+//!
+//! Each file runs in a fresh [`MphfContext`] (the extension's statements are handled before
+//! DataFusion, so the engine is our own `AsyncDB`, formatted like DataFusion's sqllogictest
+//! engine: NULL as `NULL`, empty strings as `(empty)`, floats rounded to 12 significant digits).
+//! Files whose name starts with `tpch` get the eight TPC-H tables at SF 0.01, generated in
+//! process. `control substitution on` gives `__TEST_DIR__`, a fresh temporary folder per file.
+//!
+//! Usage: `cargo test --test sqllogictests [-- [--complete] [FILTER...]]`. `--complete` rewrites
+//! the expected output of the selected files from the current results (check the diff against
+//! vanilla DataFusion before committing). Prints `N passed, N failed`; exits non-zero on failure.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use datafusion::datasource::MemTable;
+use datafusion::error::DataFusionError;
+use datafusion_mphf::datafusion::{tpch, MphfContext};
+use sqllogictest::{
+    default_column_validator, default_normalizer, default_validator, AsyncDB, DBOutput, DefaultColumnType, Runner,
+};
+
+/// TPC-H scale factor of the `tpch*.slt` files.
+const TPCH_SF: f64 = 0.01;
+
+type Tables = Vec<(String, SchemaRef, Vec<Vec<RecordBatch>>)>;
+
+fn tpch_tables() -> &'static Tables {
+    static T: OnceLock<Tables> = OnceLock::new();
+    T.get_or_init(|| {
+        tpch::TABLES
+            .iter()
+            .map(|t| {
+                let (schema, parts) = tpch::generate(t, TPCH_SF, 2, &|_| {}).expect("TPC-H generation");
+                (t.to_string(), schema, parts)
+            })
+            .collect()
+    })
+}
+
+struct MphfDb {
+    ctx: MphfContext,
+}
+
+fn cell(array: &dyn Array, row: usize) -> Result<String, DataFusionError> {
+    if array.is_null(row) {
+        return Ok("NULL".to_string());
+    }
+    let s = match array.data_type() {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let f = datafusion::arrow::compute::cast(&array.slice(row, 1), &DataType::Float64)?;
+            let v = f.as_any().downcast_ref::<datafusion::arrow::array::Float64Array>().expect("f64").value(0);
+            if v.is_finite() && v != 0.0 {
+                let digits = 12 - (v.abs().log10().floor() as i32 + 1);
+                let r = format!("{:.*}", digits.clamp(0, 12) as usize, v);
+                let r = if r.contains('.') { r.trim_end_matches('0').trim_end_matches('.').to_string() } else { r };
+                if r == "-0" {
+                    "0".to_string()
+                } else {
+                    r
+                }
+            } else {
+                format!("{v}")
+            }
+        }
+        _ => {
+            let opts = FormatOptions::default();
+            ArrayFormatter::try_new(array, &opts)?.value(row).to_string()
+        }
+    };
+    Ok(if s.is_empty() { "(empty)".to_string() } else { s })
+}
+
+fn column_type(dt: &DataType) -> DefaultColumnType {
+    match dt {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::UInt64 => DefaultColumnType::Integer,
+        DataType::Float16
+        | DataType::Float32
+        | DataType::Float64
+        | DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => DefaultColumnType::FloatingPoint,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => DefaultColumnType::Text,
+        _ => DefaultColumnType::Any,
+    }
+}
+
+#[async_trait]
+impl AsyncDB for MphfDb {
+    type Error = DataFusionError;
+    type ColumnType = DefaultColumnType;
+
+    async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, DataFusionError> {
+        let df = self.ctx.sql(sql).await?;
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await?;
+        if schema.fields().is_empty() {
+            return Ok(DBOutput::StatementComplete(0));
+        }
+        let types = schema.fields().iter().map(|f| column_type(f.data_type())).collect();
+        let mut rows = Vec::new();
+        for b in &batches {
+            for r in 0..b.num_rows() {
+                rows.push(b.columns().iter().map(|c| cell(c.as_ref(), r)).collect::<Result<Vec<_>, _>>()?);
+            }
+        }
+        Ok(DBOutput::Rows { types, rows })
+    }
+
+    async fn shutdown(&mut self) {}
+
+    fn engine_name(&self) -> &str {
+        "datafusion-mphf"
+    }
+}
+
+fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
+    let ctx = MphfContext::new();
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if name.starts_with("tpch") {
+        for (t, schema, parts) in tpch_tables() {
+            ctx.ctx().register_table(t.as_str(), Arc::new(MemTable::try_new(Arc::clone(schema), parts.clone())?))?;
+        }
+    }
+    Ok(MphfDb { ctx })
+}
+
+async fn run_file(path: &Path, complete: bool) -> Result<(), String> {
+    let p = path.to_path_buf();
+    let mut runner = Runner::new(move || {
+        let p = p.clone();
+        async move { new_db(&p) }
+    });
+    if complete {
+        runner
+            .update_test_file(path, " ", default_validator, default_normalizer, default_column_validator)
+            .await
+            .map_err(|e| e.to_string())
+    } else {
+        runner.run_file_async(path).await.map_err(|e| e.display(false).to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let complete = args.iter().any(|a| a == "--complete");
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql-tests");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("sql-tests/ exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "slt"))
+        .filter(|p| filters.is_empty() || filters.iter().any(|f| p.to_string_lossy().contains(f.as_str())))
+        .collect();
+    files.sort();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let (mut passed, mut failed) = (0, 0);
+    for f in &files {
+        let started = std::time::Instant::now();
+        let name = f.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        match rt.block_on(run_file(f, complete)) {
+            Ok(()) => {
+                passed += 1;
+                println!("ok     {name} ({:.2?})", started.elapsed());
+            }
+            Err(e) => {
+                failed += 1;
+                println!("FAILED {name}:\n{e}");
+            }
+        }
+    }
+    println!("sqllogictests: {passed} passed, {failed} failed{}", if complete { " (completed)" } else { "" });
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

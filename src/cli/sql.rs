@@ -1,0 +1,186 @@
+//! `mphf sql`: run SQL over Parquet tables with the MPHF extension, from `-c`, `-f` or an
+//! interactive shell (line editing and history, like datafusion-cli).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context as _, Result};
+use clap::{Args, ValueEnum};
+use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::arrow::util::pretty::pretty_format_batches;
+use ::datafusion::dataframe::DataFrame;
+use ::datafusion::prelude::{ParquetReadOptions, SessionContext};
+
+use crate::datafusion::statements::split_statements;
+use crate::datafusion::MphfContext;
+
+/// Output formats of query results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// An ASCII table.
+    Table,
+    /// CSV with a header line.
+    Csv,
+    /// One JSON object per row (newline-delimited).
+    Json,
+}
+
+/// Arguments of `mphf sql`.
+#[derive(Args, Debug, Clone)]
+pub struct SqlArgs {
+    /// Register a Parquet file or folder as a table (repeatable); saved MPHF indexes are loaded.
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+    /// Run this SQL statement (repeatable, run in order).
+    #[arg(short = 'c', long = "command", value_name = "SQL")]
+    pub commands: Vec<String>,
+    /// Run the statements of this file (`;`-separated; repeatable).
+    #[arg(short = 'f', long = "file", value_name = "FILE.sql")]
+    pub files: Vec<PathBuf>,
+    /// Output format of query results.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Directory for saved MPHF indexes (default: a `_mphf/` folder next to the data).
+    #[arg(long, value_name = "DIR")]
+    pub index_dir: Option<PathBuf>,
+    /// Plain DataFusion, without the MPHF extension (for comparison).
+    #[arg(long)]
+    pub no_mphf: bool,
+    /// Do not print timings on stderr.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+/// A session with or without the extension.
+pub enum Session {
+    /// With the MPHF extension.
+    Mphf(MphfContext),
+    /// Plain DataFusion.
+    Plain(SessionContext),
+}
+
+impl Session {
+    /// Runs one statement.
+    pub async fn sql(&self, sql: &str) -> ::datafusion::error::Result<DataFrame> {
+        match self {
+            Session::Mphf(c) => c.sql(sql).await,
+            Session::Plain(c) => c.sql(sql).await,
+        }
+    }
+    /// Registers a Parquet file or folder (loading saved indexes with the extension).
+    pub async fn register_parquet(&self, name: &str, path: &str) -> ::datafusion::error::Result<()> {
+        match self {
+            Session::Mphf(c) => c.register_parquet(name, path).await,
+            Session::Plain(c) => c.register_parquet(name, path, ParquetReadOptions::default()).await,
+        }
+    }
+}
+
+/// Prints batches to stdout in `format`.
+pub fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
+    if batches.is_empty() || batches[0].num_columns() == 0 {
+        return Ok(());
+    }
+    let stdout = std::io::stdout();
+    match format {
+        Format::Table => println!("{}", pretty_format_batches(batches)?),
+        Format::Csv => {
+            let mut w = ::datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(stdout.lock());
+            for b in batches {
+                w.write(b)?;
+            }
+        }
+        Format::Json => {
+            let mut w = ::datafusion::arrow::json::LineDelimitedWriter::new(stdout.lock());
+            for b in batches {
+                w.write(b)?;
+            }
+            w.finish()?;
+        }
+    }
+    Ok(())
+}
+
+async fn run_statement(session: &Session, sql: &str, args: &SqlArgs) -> Result<()> {
+    let started = Instant::now();
+    let df = session.sql(sql).await?;
+    let batches = df.collect().await?;
+    print_batches(&batches, args.format)?;
+    if !args.quiet {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        eprintln!("{rows} row(s) in {:.3} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+fn shell_history() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".mphf_history"))
+}
+
+async fn shell(session: &Session, args: &SqlArgs) -> Result<()> {
+    use rustyline::error::ReadlineError;
+    let mut rl = rustyline::DefaultEditor::new()?;
+    let history = shell_history();
+    if let Some(h) = &history {
+        let _ = rl.load_history(h);
+    }
+    eprintln!("mphf sql shell: end statements with ';', \\q to quit");
+    let mut buf = String::new();
+    loop {
+        let prompt = if buf.is_empty() { "mphf> " } else { "   -> " };
+        match rl.readline(prompt) {
+            Ok(line) => {
+                let t = line.trim();
+                if buf.is_empty() && matches!(t, "\\q" | "quit" | "exit") {
+                    break;
+                }
+                buf.push_str(&line);
+                buf.push('\n');
+                if t.ends_with(';') {
+                    let _ = rl.add_history_entry(buf.trim());
+                    for stmt in split_statements(&buf) {
+                        if let Err(e) = run_statement(session, &stmt, args).await {
+                            eprintln!("error: {e:#}");
+                        }
+                    }
+                    buf.clear();
+                }
+            }
+            Err(ReadlineError::Interrupted) => buf.clear(),
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Some(h) = &history {
+        let _ = rl.save_history(h);
+    }
+    Ok(())
+}
+
+/// Runs `mphf sql`.
+///
+/// # Errors
+/// The first failing statement (with `-c` / `-f`), bad `--table` values, I/O errors.
+pub async fn run(args: SqlArgs) -> Result<()> {
+    let session = if args.no_mphf { Session::Plain(SessionContext::new()) } else { Session::Mphf(MphfContext::new()) };
+    if let (Some(dir), Session::Mphf(_)) = (&args.index_dir, &session) {
+        let dir = dir.display().to_string().replace('\'', "''");
+        session.sql(&format!("SET mphf.index_dir = '{dir}'")).await?;
+    }
+    for t in &args.tables {
+        let (name, path) = t.split_once('=').ok_or_else(|| anyhow!("--table expects NAME=PATH, got '{t}'"))?;
+        session.register_parquet(name, path).await.with_context(|| format!("registering {name} from {path}"))?;
+    }
+    let mut statements: Vec<String> = args.commands.clone();
+    for f in &args.files {
+        let script = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        statements.extend(split_statements(&script));
+    }
+    if statements.is_empty() {
+        return shell(&session, &args).await;
+    }
+    for s in &statements {
+        run_statement(&session, s, &args).await.with_context(|| format!("in statement: {s}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! `MphfAggregateExec`: hash-free GROUP BY on an MPHF-indexed key, and the rule that installs it.
+//!
+//! # What
+//! The operator replaces one `AggregateExec` whose single grouping set is one column that
+//! carries an MPHF index (field metadata, see [`registry`](super::registry)). The group index of a
+//! row is the slot of its key (`ColumnIndex::lookup_slots`), so no hash table is probed or grown;
+//! the accumulators are DataFusion's own `GroupsAccumulator`s (or `GroupsAccumulatorAdapter`
+//! for aggregates without one), sized once to the slot count, emitted with `EmitTo::All`.
+//!
+//! # Fast-path conditions (checked by [`MphfAggregateRule`], which otherwise leaves the plan alone)
+//! - mode `Partial`, `Single` or `SinglePartitioned` (the `Final` stage after a `Partial` stays
+//!   DataFusion's: it merges partial states by hash and is always correct);
+//! - exactly one grouping set with one group expression, a `Column` whose input field names a
+//!   live index whose key type equals the column type;
+//! - no aggregate `FILTER`, no ordered aggregates (`ORDER BY` inside the call), no TopK limit,
+//!   no output ordering promised by the replaced node;
+//! - costing: at least [`MIN_SLOTS`] slots (smaller hash tables stay cache resident and DataFusion
+//!   wins), and, when the input row count is known, at least one row per
+//!   [`MAX_SLOTS_PER_ROW`] slots (otherwise emission would scan mostly untouched slots).
+//!
+//! # Invariants
+//! - Output schema, partitioning and distribution requirements are those of the replaced node
+//!   (it is kept inside and delegated to), so the rest of the plan is untouched.
+//! - Rows whose key is NULL or not a member of the index are never dropped: they get group
+//!   indices after the slots (`n_slots + k`) through a small row-format hash map, so every
+//!   distinct key value still forms exactly one group per partition. Results therefore equal
+//!   vanilla DataFusion's even when the index is stale.
+//! - Only touched slots (and fallback groups) are emitted, in slot order, in `batch_size` batches.
+
+mod rule;
+mod stream;
+
+use std::fmt;
+use std::sync::Arc;
+
+use ::datafusion::common::tree_node::TreeNodeRecursion;
+use ::datafusion::common::{internal_err, Result, Statistics};
+use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use ::datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+};
+
+pub use rule::{MphfAggregateRule, MAX_SLOTS_PER_ROW, MIN_SLOTS};
+use stream::MphfAggregateStream;
+
+use super::registry::IndexHandle;
+
+/// Counter of distinct slots that received at least one row (summed over partitions).
+pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
+/// Counter of rows whose key was NULL or not in the index (hash fallback).
+pub const FALLBACK_ROWS_METRIC_NAME: &str = "fallback_rows";
+
+/// An aggregation whose group indices are MPHF slots (see the module docs).
+#[derive(Debug)]
+pub struct MphfAggregateExec {
+    /// The replaced aggregate: source of schema, properties, expressions and requirements.
+    agg: Arc<AggregateExec>,
+    /// The index of the group column.
+    index: Arc<IndexHandle>,
+    /// Execution metrics.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl MphfAggregateExec {
+    /// Wraps `agg` (already checked by the rule) with `index`.
+    pub fn new(agg: Arc<AggregateExec>, index: Arc<IndexHandle>) -> Self {
+        Self {
+            agg,
+            index,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The replaced aggregate.
+    pub fn aggregate(&self) -> &Arc<AggregateExec> {
+        &self.agg
+    }
+
+    /// The index used.
+    pub fn index(&self) -> &Arc<IndexHandle> {
+        &self.index
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.agg.mode() {
+            AggregateMode::Partial => "Partial",
+            AggregateMode::Single => "Single",
+            AggregateMode::SinglePartitioned => "SinglePartitioned",
+            AggregateMode::Final => "Final",
+            AggregateMode::FinalPartitioned => "FinalPartitioned",
+            AggregateMode::PartialReduce => "PartialReduce",
+        }
+    }
+}
+
+impl DisplayAs for MphfAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let info = self.index.info();
+        let gby: Vec<String> = self
+            .agg
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, alias)| format!("{e} as {alias}"))
+            .collect();
+        let aggr: Vec<&str> = self.agg.aggr_expr().iter().map(|a| a.name()).collect();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "mode={}", self.mode_name())?;
+                writeln!(f, "index={}.{}", info.table, info.column)?;
+                write!(f, "gby=[{}]", gby.join(", "))
+            }
+            _ => write!(
+                f,
+                "MphfAggregateExec: mode={}, index={}.{}, gby=[{}], aggr=[{}]",
+                self.mode_name(),
+                info.table,
+                info.column,
+                gby.join(", "),
+                aggr.join(", ")
+            ),
+        }
+    }
+}
+
+impl ExecutionPlan for MphfAggregateExec {
+    fn name(&self) -> &str {
+        "MphfAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.agg.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.agg.benefits_from_input_partitioning()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("MphfAggregateExec takes one child, got {}", children.len());
+        }
+        let inner = Arc::clone(&self.agg).replace_children(children, options)?;
+        let Some(agg) = inner.downcast_ref::<AggregateExec>() else {
+            return internal_err!("MphfAggregateExec: the replaced aggregate changed type");
+        };
+        let agg = Arc::new(agg.clone());
+        Ok(Arc::new(Self::new(agg, Arc::clone(&self.index))))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let input = self.agg.input().execute(partition, Arc::clone(&context))?;
+        let reservation =
+            MemoryConsumer::new(format!("MphfAggregateExec[{partition}]")).register(context.memory_pool());
+        let stream = MphfAggregateStream::try_new(
+            &self.agg,
+            Arc::clone(&self.index),
+            input,
+            context.session_config().batch_size(),
+            reservation,
+            &self.metrics,
+            partition,
+        )?;
+        Ok(Box::pin(stream))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.agg.statistics_from_inputs(input_stats, args)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.agg.child_stats_requests(partition)
+    }
+}

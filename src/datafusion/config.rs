@@ -1,0 +1,31 @@
+//! `MphfConfig`: session options under the `mphf` prefix, settable with `SET mphf.<key> = ...`.
+
+use ::datafusion::common::config::ConfigExtension;
+use ::datafusion::common::extensions_options;
+
+extensions_options! {
+    /// Options of the MPHF extension (prefix `mphf`).
+    pub struct MphfConfig {
+        /// Directory for saved indexes of file-backed tables; empty: a `_mphf/` folder next to the data.
+        pub index_dir: String, default = String::new()
+        /// Save indexes of file-backed tables and reuse saved ones whose fingerprint matches.
+        pub persist: bool, default = true
+        /// What to do with a saved index that no longer matches its data: `rebuild` or `refuse`.
+        pub on_stale: String, default = "rebuild".to_string()
+        /// Print index reuse / rebuild notices on stderr.
+        pub verbose: bool, default = true
+        /// Replace hash aggregation by `MphfAggregateExec` when the GROUP BY key is indexed.
+        pub enable_aggregate: bool, default = true
+    }
+}
+
+impl ConfigExtension for MphfConfig {
+    const PREFIX: &'static str = "mphf";
+}
+
+impl MphfConfig {
+    /// True when a stale saved index must be refused instead of rebuilt.
+    pub fn refuse_stale(&self) -> bool {
+        self.on_stale.eq_ignore_ascii_case("refuse")
+    }
+}

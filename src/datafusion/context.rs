@@ -1,0 +1,455 @@
+//! `MphfContext`: a DataFusion [`SessionContext`] that also runs the extension's statements.
+//!
+//! [`MphfContext::sql`] classifies each statement ([`statements::classify`]): `CREATE INDEX …
+//! USING mphf`, `DROP INDEX` and `SHOW MPHF INDEXES` run here; everything else goes to
+//! DataFusion unchanged (after `CREATE EXTERNAL TABLE` saved indexes are loaded, after `DROP
+//! TABLE` the table's indexes are dropped).
+//!
+//! Creating an index (see [`MphfContext::create_index`]):
+//! 1. resolve the table and column, check the key type;
+//! 2. for a file-backed table, reuse a saved index whose fingerprint matches ([`persist`]);
+//! 3. otherwise scan the column once through DataFusion and build ([`ColumnIndex::build`] drops
+//!    NULLs and duplicates, keeps keys in slot order) on a blocking thread, then save it;
+//! 4. reserve the index's bytes in the session's memory pool (`try_grow`: over the limit the
+//!    statement fails with `ResourcesExhausted` and nothing is registered);
+//! 5. re-register the table as an [`MphfTable`] and record the index in the [`MphfRegistry`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use ::datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt64Array};
+use ::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use ::datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
+use ::datafusion::common::{plan_err, Column, DataFusionError, Result, TableReference};
+use ::datafusion::datasource::MemTable;
+use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::session_state::SessionStateBuilder;
+use ::datafusion::logical_expr::Expr;
+use ::datafusion::prelude::{DataFrame, ParquetReadOptions, SessionConfig, SessionContext};
+
+use crate::core::column::{ColumnIndex, IndexOptions, KeyType};
+use crate::core::Params;
+
+use super::config::MphfConfig;
+use super::error::to_df;
+use super::persist::{self, Fingerprint, Provenance, SavedState};
+use super::registry::{format_utc, IndexHandle, IndexInfo, IndexSource, MphfRegistry};
+use super::statements::{self, MphfStatement, TableName};
+use super::table::MphfTable;
+use super::udf::MphfIndexFunc;
+
+/// Name of the table function listing the session's indexes.
+pub const INDEX_LIST_FUNCTION: &str = "mphf_indexes";
+
+/// Adds the extension to a session builder: the `mphf_index` UDF, the `mphf_indexes()` table
+/// function, the `mphf.*` options and a fresh [`MphfRegistry`] (kept if one is already set).
+/// Later issues add their optimizer rules here.
+pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
+    let mut config = builder.config().take().unwrap_or_default();
+    let registry = match config.get_extension::<MphfRegistry>() {
+        Some(r) => r,
+        None => {
+            let r = Arc::new(MphfRegistry::new());
+            config = config.with_extension(Arc::clone(&r));
+            r
+        }
+    };
+    if config.options().extensions.get::<MphfConfig>().is_none() {
+        config = config.with_option_extension(MphfConfig::default());
+    }
+    *builder.config() = Some(config);
+    builder.scalar_functions().get_or_insert_with(Vec::new).push(Arc::new(MphfIndexFunc::udf(Some(Arc::clone(&registry)))));
+    builder.table_functions().get_or_insert_with(Default::default).insert(
+        INDEX_LIST_FUNCTION.to_string(),
+        Arc::new(::datafusion::catalog::TableFunction::new(
+            INDEX_LIST_FUNCTION.to_string(),
+            Arc::new(IndexListFunc { registry }),
+        )),
+    );
+    builder.with_physical_optimizer_rule(Arc::new(super::aggregate::MphfAggregateRule::new()))
+}
+
+/// `mphf_indexes()`: the rows of `SHOW MPHF INDEXES` as a table.
+#[derive(Debug)]
+struct IndexListFunc {
+    registry: Arc<MphfRegistry>,
+}
+
+impl TableFunctionImpl for IndexListFunc {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        if !args.exprs().is_empty() {
+            return plan_err!("{INDEX_LIST_FUNCTION}() takes no arguments");
+        }
+        let batch = index_list_batch(&self.registry)?;
+        Ok(Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?))
+    }
+}
+
+/// Schema of `SHOW MPHF INDEXES`.
+pub fn index_list_schema() -> SchemaRef {
+    let s = |n: &str| Field::new(n, DataType::Utf8, false);
+    Arc::new(Schema::new(vec![
+        s("name"),
+        s("table"),
+        s("column"),
+        s("key_type"),
+        Field::new("keys", DataType::UInt64, false),
+        Field::new("bits_per_key", DataType::Float64, false),
+        Field::new("bytes", DataType::UInt64, false),
+        s("built_at"),
+        s("device"),
+        s("source"),
+        Field::new("path", DataType::Utf8, true),
+    ]))
+}
+
+/// The rows of `SHOW MPHF INDEXES`.
+pub fn index_list_batch(registry: &MphfRegistry) -> Result<RecordBatch> {
+    let list = registry.list();
+    let text = |f: &dyn Fn(&IndexHandle) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(list.iter().map(|h| f(h.as_ref()))))
+    };
+    let cols: Vec<ArrayRef> = vec![
+        text(&|h| h.info().name.clone()),
+        text(&|h| h.info().table.clone()),
+        text(&|h| h.info().column.clone()),
+        text(&|h| h.index().key_type().to_arrow().to_string()),
+        Arc::new(UInt64Array::from_iter_values(list.iter().map(|h| h.index().len()))),
+        Arc::new(Float64Array::from_iter_values(
+            list.iter().map(|h| (h.index().mphf().bits_per_key() * 100.0).round() / 100.0),
+        )),
+        Arc::new(UInt64Array::from_iter_values(list.iter().map(|h| h.index().size_bytes()))),
+        text(&|h| h.info().built_at.clone()),
+        text(&|h| h.info().device.clone()),
+        text(&|h| h.info().source.label().to_string()),
+        Arc::new(StringArray::from_iter(list.iter().map(|h| h.info().path.as_ref().map(|p| p.display().to_string())))),
+    ];
+    Ok(RecordBatch::try_new(index_list_schema(), cols)?)
+}
+
+/// What to create: the parsed `CREATE INDEX`.
+#[derive(Clone, Debug)]
+pub struct IndexSpec {
+    /// Index name.
+    pub name: String,
+    /// Table.
+    pub table: TableName,
+    /// Column.
+    pub column: String,
+    /// MPHF parameters.
+    pub params: Params,
+    /// Hash seed.
+    pub seed: u64,
+}
+
+/// A [`SessionContext`] with the MPHF extension and its statements.
+#[derive(Clone)]
+pub struct MphfContext {
+    ctx: SessionContext,
+    registry: Arc<MphfRegistry>,
+}
+
+impl Default for MphfContext {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MphfContext {
+    /// A context with DataFusion's defaults plus the extension.
+    pub fn new() -> Self {
+        Self::with_config(SessionConfig::new())
+    }
+    /// A context with `config` plus the extension.
+    pub fn with_config(config: SessionConfig) -> Self {
+        Self::with_state_builder(SessionStateBuilder::new().with_default_features().with_config(config))
+    }
+    /// A context from a builder (the extension is added with [`with_mphf`]).
+    pub fn with_state_builder(builder: SessionStateBuilder) -> Self {
+        let state = with_mphf(builder).build();
+        let registry = state.config().get_extension::<MphfRegistry>().expect("with_mphf sets the registry");
+        Self { ctx: SessionContext::new_with_state(state), registry }
+    }
+    /// The DataFusion context (register tables, run DataFrame code).
+    pub fn ctx(&self) -> &SessionContext {
+        &self.ctx
+    }
+    /// The session's index registry.
+    pub fn registry(&self) -> &Arc<MphfRegistry> {
+        &self.registry
+    }
+    /// The current `mphf.*` options.
+    pub fn config(&self) -> MphfConfig {
+        self.ctx.state().config().options().extensions.get::<MphfConfig>().cloned().unwrap_or_default()
+    }
+
+    /// Runs one SQL statement: the extension's own, or DataFusion's.
+    ///
+    /// # Errors
+    /// Planning errors (unknown table/column, unsupported type, duplicate index name), build
+    /// errors, `ResourcesExhausted` when the index does not fit the memory pool, and every
+    /// DataFusion error.
+    pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        match statements::classify(sql)? {
+            None => self.ctx.sql(sql).await,
+            Some(MphfStatement::CreateIndex { name, table, column, if_not_exists, params, seed }) => {
+                let spec = IndexSpec { name, table, column, params, seed };
+                self.create_index(spec, if_not_exists).await?;
+                self.ctx.read_empty()
+            }
+            Some(MphfStatement::DropIndex { names, if_exists }) => {
+                for n in names {
+                    self.drop_index(&n, if_exists).await?;
+                }
+                self.ctx.read_empty()
+            }
+            Some(MphfStatement::ShowIndexes) => self.ctx.read_batch(index_list_batch(&self.registry)?),
+            Some(MphfStatement::CreateExternalTable(t)) => {
+                let df = self.ctx.sql(sql).await?;
+                self.load_saved_indexes(&t).await?;
+                Ok(df)
+            }
+            Some(MphfStatement::DropTable(tables)) => {
+                let df = self.ctx.sql(sql).await?;
+                for t in tables {
+                    if !self.ctx.table_exist(t.reference.clone())? {
+                        self.registry.remove_table(&t.text);
+                    }
+                }
+                Ok(df)
+            }
+        }
+    }
+
+    /// Registers a Parquet file or folder as `name`, then loads its saved indexes.
+    pub async fn register_parquet(&self, name: &str, path: &str) -> Result<()> {
+        self.ctx.register_parquet(name, path, ParquetReadOptions::default()).await?;
+        let table = TableName { text: name.to_string(), reference: TableReference::bare(name) };
+        self.load_saved_indexes(&table).await.map(|_| ())
+    }
+
+    fn notice(&self, msg: &str) {
+        if self.config().verbose {
+            eprintln!("{msg}");
+        }
+    }
+
+    /// Loads (or, when stale or corrupt, rebuilds) every saved index of a file-backed table.
+    pub async fn load_saved_indexes(&self, table: &TableName) -> Result<Vec<Arc<IndexHandle>>> {
+        let cfg = self.config();
+        if !cfg.persist {
+            return Ok(vec![]);
+        }
+        let provider = self.ctx.table_provider(table.reference.clone()).await?;
+        let Some(fp) = persist::fingerprint(provider.as_ref()) else { return Ok(vec![]) };
+        let dir = persist::index_dir(&cfg.index_dir, &fp);
+        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(vec![]) };
+        let mut files: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+        files.sort();
+        let mut out = vec![];
+        for path in files {
+            let Some(fname) = path.file_name().and_then(|f| f.to_str()) else { continue };
+            let Some(column) = persist::column_of_saved(fname, &table.text) else { continue };
+            let prov = ColumnIndex::open(&path).ok().and_then(|i| Provenance::parse(i.provenance()));
+            let (name, params, seed) = match &prov {
+                Some(p) => {
+                    let (params, seed) = persist::parse_params_text(&p.params).unwrap_or((Params::DEFAULT, 0));
+                    (p.name.clone(), params, seed)
+                }
+                None => (format!("{}_{}", table.text.replace('.', "_"), column), Params::DEFAULT, 0),
+            };
+            if self.registry.get(&name).is_some() || self.registry.find(&table.text, &column).is_some() {
+                continue;
+            }
+            let spec = IndexSpec { name, table: table.clone(), column, params, seed };
+            out.push(self.install(spec, true).await?);
+        }
+        Ok(out)
+    }
+
+    /// `CREATE INDEX`: see the module doc. With `if_not_exists`, an existing index of that name
+    /// is kept. An index loaded from a saved file at registration counts as existing when it
+    /// covers the same table and column (so a script's `CREATE INDEX` reuses it).
+    pub async fn create_index(&self, spec: IndexSpec, if_not_exists: bool) -> Result<Arc<IndexHandle>> {
+        if let Some(h) = self.registry.get(&spec.name) {
+            let same = h.info().table == spec.table.text && h.info().column == spec.column;
+            if if_not_exists || (same && h.info().source == IndexSource::Loaded) {
+                return Ok(h);
+            }
+            return plan_err!(
+                "MPHF index '{}' already exists (on {}.{}); DROP INDEX {} first or use CREATE INDEX IF NOT EXISTS",
+                spec.name,
+                h.info().table,
+                h.info().column,
+                spec.name
+            );
+        }
+        self.install(spec, false).await
+    }
+
+    async fn install(&self, spec: IndexSpec, at_registration: bool) -> Result<Arc<IndexHandle>> {
+        let cfg = self.config();
+        let IndexSpec { name, table, column, params, seed } = spec;
+        let provider = self.ctx.table_provider(table.reference.clone()).await.map_err(|e| {
+            DataFusionError::Plan(format!("CREATE INDEX {name}: table '{}' not found ({e})", table.text))
+        })?;
+        let (inner, existing) = match provider.downcast_ref::<MphfTable>() {
+            Some(t) => (Arc::clone(t.inner()), t.indexes().clone()),
+            None => (Arc::clone(&provider), BTreeMap::new()),
+        };
+        let schema = inner.schema();
+        let Ok(field) = schema.field_with_name(&column) else {
+            let cols: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            return plan_err!(
+                "CREATE INDEX {name}: column '{column}' not found in table '{}' (columns: {})",
+                table.text,
+                cols.join(", ")
+            );
+        };
+        if let Err(e) = KeyType::from_arrow(field.data_type()) {
+            return plan_err!("CREATE INDEX {name}: column '{column}' of table '{}': {e}", table.text);
+        }
+        if let Some(h) = existing.get(&column) {
+            return plan_err!(
+                "CREATE INDEX {name}: column '{column}' of table '{}' already has the MPHF index '{}'",
+                table.text,
+                h.info().name
+            );
+        }
+
+        let started = Instant::now();
+        let fp = if cfg.persist { persist::fingerprint(inner.as_ref()) } else { None };
+        let params_text = persist::params_text(&params, seed);
+        let saved = fp.as_ref().map(|fp| persist::saved_path(&persist::index_dir(&cfg.index_dir, fp), &table.text, &column));
+        let mut source = IndexSource::Built;
+        let mut index = None;
+        if let (Some(fp), Some(path)) = (&fp, &saved) {
+            let want = (!at_registration).then_some(params_text.as_str());
+            match persist::check_saved(path, &column, want, fp) {
+                SavedState::Missing => {}
+                SavedState::Fresh(i) => {
+                    self.notice(&format!(
+                        "reusing saved MPHF index {name} on {}({column}) from {} (fingerprint matches)",
+                        table.text,
+                        path.display()
+                    ));
+                    index = Some(*i);
+                    source = IndexSource::Loaded;
+                }
+                SavedState::Stale(why) => {
+                    if cfg.refuse_stale() {
+                        return plan_err!(
+                            "saved MPHF index {} for {}({column}) is stale: {why}; refusing it because \
+                             mphf.on_stale = 'refuse' (delete the file or SET mphf.on_stale = 'rebuild')",
+                            path.display(),
+                            table.text
+                        );
+                    }
+                    self.notice(&format!("saved MPHF index {} is stale ({why}); rebuilding", path.display()));
+                    source = IndexSource::RebuiltStale;
+                }
+                SavedState::Corrupt(why) => {
+                    self.notice(&format!("saved MPHF index {} is corrupt ({why}); rebuilding", path.display()));
+                    source = IndexSource::RebuiltCorrupt;
+                }
+            }
+        }
+        let index = match index {
+            Some(i) => i,
+            None => {
+                let mut i = self.build_column(&inner, &column, params, seed).await?;
+                if let (Some(fp), Some(path)) = (&fp, &saved) {
+                    let prov =
+                        Provenance { name: name.clone(), column: column.clone(), params: params_text, fingerprint: fp.text() };
+                    i.set_provenance(prov.render());
+                    let now: Option<Fingerprint> = persist::fingerprint(inner.as_ref());
+                    if now.as_ref() != Some(fp) {
+                        return plan_err!(
+                            "CREATE INDEX {name}: the data files of '{}' changed while the index was built; retry",
+                            table.text
+                        );
+                    }
+                    if let Some(dir) = path.parent() {
+                        std::fs::create_dir_all(dir).map_err(|e| DataFusionError::External(Box::new(e)))?;
+                    }
+                    i.write_to_path(path).map_err(to_df)?;
+                }
+                i
+            }
+        };
+
+        let size = index.size_bytes() as usize;
+        let reservation = MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
+        reservation.try_grow(size).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "MPHF index '{name}' on {}({column}) needs {size} bytes, more than the memory pool has left: {e}",
+                table.text
+            ))
+        })?;
+        let info = IndexInfo {
+            name: name.clone(),
+            table: table.text.clone(),
+            column: column.clone(),
+            built_at: format_utc(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)),
+            device: "cpu".to_string(),
+            build_ms: started.elapsed().as_secs_f64() * 1e3,
+            source,
+            path: saved,
+        };
+        let handle = IndexHandle::new(Arc::new(index), info, Some(reservation));
+        let mut indexes = existing;
+        indexes.insert(column, Arc::clone(&handle));
+        let new_table: Arc<dyn TableProvider> = Arc::new(MphfTable::new(inner, indexes));
+        self.ctx.deregister_table(table.reference.clone())?;
+        self.ctx.register_table(table.reference.clone(), new_table)?;
+        self.registry.insert(Arc::clone(&handle));
+        Ok(handle)
+    }
+
+    /// Scans `column` of `inner` once and builds its index on a blocking thread.
+    async fn build_column(
+        &self,
+        inner: &Arc<dyn TableProvider>,
+        column: &str,
+        params: Params,
+        seed: u64,
+    ) -> Result<ColumnIndex> {
+        let df = self.ctx.read_table(Arc::clone(inner))?.select(vec![Expr::Column(Column::new_unqualified(column))])?;
+        let batches = df.collect().await?;
+        let chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
+        let opts = IndexOptions { params, seed, ..IndexOptions::default() };
+        tokio::task::spawn_blocking(move || ColumnIndex::build(&chunks, &opts))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?
+            .map_err(to_df)
+    }
+
+    /// `DROP INDEX`: unregisters the index, re-registers its table without it and deletes its
+    /// saved file. Returns false when it did not exist and `if_exists` was given.
+    pub async fn drop_index(&self, name: &str, if_exists: bool) -> Result<bool> {
+        let Some(handle) = self.registry.get(name) else {
+            if if_exists {
+                return Ok(false);
+            }
+            return plan_err!("MPHF index '{name}' does not exist");
+        };
+        let info = handle.info().clone();
+        let reference = TableReference::from(info.table.as_str());
+        if let Ok(provider) = self.ctx.table_provider(reference.clone()).await {
+            if let Some(t) = provider.downcast_ref::<MphfTable>() {
+                let rest: Arc<dyn TableProvider> = match t.without(&info.column) {
+                    Some(rest) => Arc::new(rest),
+                    None => Arc::clone(t.inner()),
+                };
+                self.ctx.deregister_table(reference.clone())?;
+                self.ctx.register_table(reference, rest)?;
+            }
+        }
+        self.registry.remove(name);
+        if let Some(p) = &info.path {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(true)
+    }
+}

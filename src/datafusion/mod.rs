@@ -1,0 +1,38 @@
+//! DataFusion integration: the `mphf_index(col)` UDF, MPHF-indexed tables, the `CREATE INDEX …
+//! USING mphf` / `DROP INDEX` / `SHOW MPHF INDEXES` statements and saved indexes.
+//!
+//! One call makes a session MPHF-aware: [`with_mphf`] on a `SessionStateBuilder`, or
+//! [`MphfContext`], which wraps a `SessionContext` and also runs the extension's statements.
+//!
+//! ```no_run
+//! # async fn demo() -> datafusion::error::Result<()> {
+//! use datafusion_mphf::datafusion::MphfContext;
+//! let ctx = MphfContext::new();
+//! ctx.sql("CREATE TABLE t AS VALUES (10), (20), (30)").await?.collect().await?;
+//! ctx.sql("CREATE INDEX t_idx ON t USING mphf (column1)").await?;
+//! ctx.sql("SELECT column1, mphf_index(column1) FROM t").await?.show().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Module map: [`udf`] (the function and how it finds its index), [`table`] (`MphfTable`),
+//! [`registry`] (live indexes, the session registry, the hook for optimizer rules),
+//! [`context`] (statement execution), [`statements`] (parsing), [`persist`] (saved indexes and
+//! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping).
+
+pub mod aggregate;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod persist;
+pub mod registry;
+pub mod statements;
+pub mod table;
+pub mod tpch;
+pub mod udf;
+
+pub use aggregate::{MphfAggregateExec, MphfAggregateRule};
+pub use config::MphfConfig;
+pub use context::{with_mphf, MphfContext};
+pub use registry::{index_of_field, registry_of, IndexHandle, MphfRegistry, INDEX_METADATA_KEY};
+pub use table::MphfTable;
+pub use udf::MphfIndexFunc;

@@ -1,0 +1,262 @@
+//! Saved indexes of file-backed tables: where they live and when they may be reused.
+//!
+//! An index over a Parquet listing table is saved as `<dir>/<table>.<column>.mphf`, where `<dir>`
+//! is `mphf.index_dir` or a `_mphf/` folder next to the data (inside the table's folder, or
+//! beside a single file). Its provenance (see [`ColumnIndex::provenance`]) records the index name,
+//! the column, the MPHF parameters and a **fingerprint** of the data: for every data file, its
+//! canonical path, size, modification time (ns) and Parquet footer row count.
+//!
+//! Invariant: a saved index is used only when column, parameters and fingerprint equal those of
+//! the data now ([`check_saved`]); anything else is `Stale` (rebuild, or refuse with
+//! `mphf.on_stale = 'refuse'`) or `Corrupt` (unreadable: reported and rebuilt). The fingerprint
+//! is taken before the column scan and again after the build: if the data changed meanwhile,
+//! the index is not registered.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use ::datafusion::catalog::TableProvider;
+use ::datafusion::datasource::listing::ListingTable;
+use parquet::file::metadata::ParquetMetaDataReader;
+
+use crate::core::column::ColumnIndex;
+use crate::core::Params;
+
+use super::table::MphfTable;
+
+/// First line of the provenance text.
+const PROVENANCE_MAGIC: &str = "datafusion-mphf index v1";
+
+/// The data files behind a table, with what identifies their content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Folder the default `_mphf/` directory goes into.
+    pub data_dir: PathBuf,
+    /// One line per file: `path \t size \t mtime_ns \t rows`, sorted by path.
+    pub lines: Vec<String>,
+}
+
+impl Fingerprint {
+    /// The text stored in the provenance.
+    pub fn text(&self) -> String {
+        self.lines.join("\n")
+    }
+}
+
+/// Reads a Parquet footer's row count (`None` when the file is not Parquet).
+fn parquet_rows(path: &Path) -> Option<i64> {
+    let file = std::fs::File::open(path).ok()?;
+    let md = ParquetMetaDataReader::new().parse_and_finish(&file).ok()?;
+    Some(md.file_metadata().num_rows())
+}
+
+fn collect_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            collect_files(&path, ext, out)?;
+        } else if name.ends_with(ext) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// The fingerprint of a local Parquet (or other file) listing table; `None` for any other
+/// provider, remote stores and glob paths (such tables are not persisted).
+pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
+    let provider = match provider.downcast_ref::<MphfTable>() {
+        Some(t) => t.inner().as_ref(),
+        None => provider,
+    };
+    let listing = provider.downcast_ref::<ListingTable>()?;
+    let ext = listing.options().file_extension.clone();
+    let mut files = Vec::new();
+    let mut data_dir = None;
+    for url in listing.table_paths() {
+        if url.scheme() != "file" || url.get_glob().is_some() {
+            return None;
+        }
+        let path = url.get_url().to_file_path().ok()?;
+        if path.is_dir() {
+            data_dir.get_or_insert_with(|| path.clone());
+            collect_files(&path, &ext, &mut files).ok()?;
+        } else {
+            data_dir.get_or_insert_with(|| path.parent().map(Path::to_path_buf).unwrap_or_default());
+            files.push(path);
+        }
+    }
+    let mut lines = Vec::with_capacity(files.len());
+    for f in files {
+        let f = f.canonicalize().ok()?;
+        let md = std::fs::metadata(&f).ok()?;
+        let mtime = md.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+        let rows = parquet_rows(&f).unwrap_or(-1);
+        lines.push(format!("{}\t{}\t{}\t{}", f.display(), md.len(), mtime, rows));
+    }
+    lines.sort();
+    Some(Fingerprint { data_dir: data_dir?, lines })
+}
+
+/// Replaces characters that are unsafe in a file name.
+fn file_part(s: &str) -> String {
+    s.chars().map(|c| if c.is_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
+}
+
+/// The folder saved indexes of this table go to.
+pub fn index_dir(configured: &str, fp: &Fingerprint) -> PathBuf {
+    if configured.is_empty() {
+        fp.data_dir.join("_mphf")
+    } else {
+        PathBuf::from(configured)
+    }
+}
+
+/// `<dir>/<table>.<column>.mphf`.
+pub fn saved_path(dir: &Path, table: &str, column: &str) -> PathBuf {
+    dir.join(format!("{}.{}.mphf", file_part(table), file_part(column)))
+}
+
+/// The column part of a saved file name of `table`, if the name is one.
+pub fn column_of_saved(file_name: &str, table: &str) -> Option<String> {
+    file_name.strip_prefix(&format!("{}.", file_part(table)))?.strip_suffix(".mphf").map(str::to_string)
+}
+
+/// Parameters as stored in the provenance.
+pub fn params_text(p: &Params, seed: u64) -> String {
+    format!("leaf={},bucket={},rotation={},seed={}", p.leaf, p.bucket, p.rotation, seed)
+}
+
+/// Parses [`params_text`].
+pub fn parse_params_text(s: &str) -> Option<(Params, u64)> {
+    let mut p = Params::DEFAULT;
+    let mut seed = 0;
+    for kv in s.split(',') {
+        let (k, v) = kv.split_once('=')?;
+        match k {
+            "leaf" => p.leaf = v.parse().ok()?,
+            "bucket" => p.bucket = v.parse().ok()?,
+            "rotation" => p.rotation = v.parse().ok()?,
+            "seed" => seed = v.parse().ok()?,
+            _ => return None,
+        }
+    }
+    Some((p, seed))
+}
+
+/// The fields of a provenance text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Provenance {
+    /// Index name.
+    pub name: String,
+    /// Column.
+    pub column: String,
+    /// [`params_text`].
+    pub params: String,
+    /// [`Fingerprint::text`].
+    pub fingerprint: String,
+}
+
+impl Provenance {
+    /// Renders the text stored in the index.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{PROVENANCE_MAGIC}");
+        let _ = writeln!(s, "name={}", self.name);
+        let _ = writeln!(s, "column={}", self.column);
+        let _ = writeln!(s, "params={}", self.params);
+        let _ = write!(s, "files:\n{}", self.fingerprint);
+        s
+    }
+    /// Parses [`Provenance::render`]'s output.
+    pub fn parse(s: &str) -> Option<Provenance> {
+        let rest = s.strip_prefix(PROVENANCE_MAGIC)?.strip_prefix('\n')?;
+        let (head, fingerprint) = rest.split_once("files:\n").or_else(|| rest.split_once("files:").map(|(h, _)| (h, "")))?;
+        let mut name = None;
+        let mut column = None;
+        let mut params = None;
+        for line in head.lines() {
+            if let Some(v) = line.strip_prefix("name=") {
+                name = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("column=") {
+                column = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("params=") {
+                params = Some(v.to_string());
+            }
+        }
+        Some(Provenance { name: name?, column: column?, params: params?, fingerprint: fingerprint.to_string() })
+    }
+}
+
+/// What a saved file holds, compared with the data now.
+#[derive(Debug)]
+pub enum SavedState {
+    /// No file.
+    Missing,
+    /// Readable and matching: use it.
+    Fresh(Box<ColumnIndex>),
+    /// Readable but built from other data or with other parameters.
+    Stale(String),
+    /// Unreadable.
+    Corrupt(String),
+}
+
+/// Checks the saved file at `path` against `column`, `params` (when given) and the fingerprint.
+pub fn check_saved(path: &Path, column: &str, params: Option<&str>, fp: &Fingerprint) -> SavedState {
+    if !path.exists() {
+        return SavedState::Missing;
+    }
+    let index = match ColumnIndex::open(path) {
+        Ok(i) => i,
+        Err(e) => return SavedState::Corrupt(e.to_string()),
+    };
+    let Some(prov) = Provenance::parse(index.provenance()) else {
+        return SavedState::Corrupt("the file has no datafusion-mphf provenance".to_string());
+    };
+    if prov.column != column {
+        return SavedState::Stale(format!("it indexes column '{}', not '{column}'", prov.column));
+    }
+    if let Some(p) = params {
+        if prov.params != p {
+            return SavedState::Stale(format!("it was built with {}, not {p}", prov.params));
+        }
+    }
+    if prov.fingerprint != fp.text() {
+        return SavedState::Stale("the data files changed since it was built (fingerprint differs)".to_string());
+    }
+    SavedState::Fresh(Box::new(index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provenance_round_trip() {
+        let p = Provenance {
+            name: "li_ok".into(),
+            column: "l_orderkey".into(),
+            params: params_text(&Params::DEFAULT, 7),
+            fingerprint: "/a\t1\t2\t3\n/b\t4\t5\t6".into(),
+        };
+        assert_eq!(Provenance::parse(&p.render()), Some(p.clone()));
+        assert_eq!(parse_params_text(&p.params), Some((Params::DEFAULT, 7)));
+        let empty = Provenance { fingerprint: String::new(), ..p };
+        assert_eq!(Provenance::parse(&empty.render()), Some(empty));
+        assert_eq!(Provenance::parse("garbage"), None);
+    }
+
+    #[test]
+    fn saved_names() {
+        let p = saved_path(Path::new("/d"), "lineitem", "l_orderkey");
+        assert_eq!(p, PathBuf::from("/d/lineitem.l_orderkey.mphf"));
+        assert_eq!(column_of_saved("lineitem.l_orderkey.mphf", "lineitem").as_deref(), Some("l_orderkey"));
+        assert_eq!(column_of_saved("orders.o_orderkey.mphf", "lineitem"), None);
+    }
+}

@@ -1,0 +1,216 @@
+//! Index registries: the process-wide table of live indexes (resolved by id from field metadata)
+//! and the session-level catalog of named indexes (`CREATE INDEX` / `DROP INDEX` / `SHOW`).
+//!
+//! # Why two levels
+//!
+//! A scalar UDF only sees its argument *fields* (name, type, metadata) and the
+//! [`ConfigOptions`](::datafusion::config::ConfigOptions), not the session. An
+//! [`MphfTable`](super::MphfTable) therefore labels each indexed column with the metadata key
+//! [`INDEX_METADATA_KEY`] whose value is a process-unique index id; [`resolve_index`] turns the id
+//! back into the index. The live table holds [`Weak`] references: an index lives exactly as long
+//! as some table, session registry or running plan holds its [`IndexHandle`], and a dropped index
+//! can never be resolved again (ids are never reused).
+//!
+//! The session level, [`MphfRegistry`], maps index names to handles; it is stored as a
+//! [`SessionConfig`](::datafusion::prelude::SessionConfig) extension so that optimizer rules and
+//! other extensions find it through [`registry_of`] (the hook for the GROUP BY and JOIN rules).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, RwLock, Weak};
+
+use ::datafusion::arrow::datatypes::Field;
+use ::datafusion::execution::memory_pool::MemoryReservation;
+use ::datafusion::prelude::SessionConfig;
+
+use crate::core::column::ColumnIndex;
+
+/// Field metadata key that marks a column as MPHF-indexed; the value is the index id.
+pub const INDEX_METADATA_KEY: &str = "mphf.index";
+
+/// Where the index of a handle came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexSource {
+    /// Built in this process from the table's data.
+    Built,
+    /// Loaded from a saved file whose fingerprint matched the data.
+    Loaded,
+    /// Rebuilt because the saved file no longer matched the data.
+    RebuiltStale,
+    /// Rebuilt because the saved file could not be read.
+    RebuiltCorrupt,
+}
+
+impl IndexSource {
+    /// Short lowercase label used by `SHOW MPHF INDEXES`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            IndexSource::Built => "built",
+            IndexSource::Loaded => "loaded",
+            IndexSource::RebuiltStale => "rebuilt (stale file)",
+            IndexSource::RebuiltCorrupt => "rebuilt (corrupt file)",
+        }
+    }
+}
+
+/// Descriptive facts about one registered index.
+#[derive(Clone, Debug)]
+pub struct IndexInfo {
+    /// Index name (normalized).
+    pub name: String,
+    /// Table name as registered in the session.
+    pub table: String,
+    /// Indexed column.
+    pub column: String,
+    /// When the index was built (UTC, `YYYY-MM-DD HH:MM:SS`).
+    pub built_at: String,
+    /// Build device (`cpu`, later `gpu`).
+    pub device: String,
+    /// Build (or load) time in milliseconds.
+    pub build_ms: f64,
+    /// Where the index came from.
+    pub source: IndexSource,
+    /// File the index is saved in, for file-backed tables.
+    pub path: Option<PathBuf>,
+}
+
+/// One live index: the column index, its facts, and its memory reservation.
+///
+/// Dropping the last handle frees the reservation and unregisters the id.
+#[derive(Debug)]
+pub struct IndexHandle {
+    /// Process-unique id (the value of [`INDEX_METADATA_KEY`]).
+    id: u64,
+    /// The index.
+    index: Arc<ColumnIndex>,
+    /// Facts shown by `SHOW MPHF INDEXES`.
+    info: IndexInfo,
+    /// Bytes reserved in the session's memory pool (released on drop).
+    _reservation: Option<MemoryReservation>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static LIVE: LazyLock<RwLock<HashMap<u64, Weak<IndexHandle>>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
+
+impl IndexHandle {
+    /// Registers `index` under a fresh id.
+    pub fn new(index: Arc<ColumnIndex>, info: IndexInfo, reservation: Option<MemoryReservation>) -> Arc<IndexHandle> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let handle = Arc::new(IndexHandle { id, index, info, _reservation: reservation });
+        LIVE.write().expect("index table poisoned").insert(id, Arc::downgrade(&handle));
+        handle
+    }
+    /// The id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+    /// The index.
+    pub fn index(&self) -> &Arc<ColumnIndex> {
+        &self.index
+    }
+    /// The facts.
+    pub fn info(&self) -> &IndexInfo {
+        &self.info
+    }
+}
+
+impl Drop for IndexHandle {
+    fn drop(&mut self) {
+        if let Ok(mut live) = LIVE.write() {
+            live.remove(&self.id);
+        }
+    }
+}
+
+/// The live index with this id, if any.
+pub fn resolve_index(id: u64) -> Option<Arc<IndexHandle>> {
+    LIVE.read().expect("index table poisoned").get(&id).and_then(Weak::upgrade)
+}
+
+/// The index id a field advertises in its metadata, if any (it may no longer be live).
+pub fn index_id_of_field(field: &Field) -> Option<u64> {
+    field.metadata().get(INDEX_METADATA_KEY).and_then(|v| v.parse().ok())
+}
+
+/// The live index a field advertises, if any: the entry point for optimizer rules.
+pub fn index_of_field(field: &Field) -> Option<Arc<IndexHandle>> {
+    index_id_of_field(field).and_then(resolve_index)
+}
+
+/// The session's named indexes.
+#[derive(Debug, Default)]
+pub struct MphfRegistry {
+    indexes: RwLock<BTreeMap<String, Arc<IndexHandle>>>,
+}
+
+impl MphfRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// The index called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<IndexHandle>> {
+        self.indexes.read().expect("registry poisoned").get(name).cloned()
+    }
+    /// Adds (or replaces) an index.
+    pub fn insert(&self, handle: Arc<IndexHandle>) {
+        self.indexes.write().expect("registry poisoned").insert(handle.info().name.clone(), handle);
+    }
+    /// Removes the index called `name`.
+    pub fn remove(&self, name: &str) -> Option<Arc<IndexHandle>> {
+        self.indexes.write().expect("registry poisoned").remove(name)
+    }
+    /// Removes every index of `table`; returns them.
+    pub fn remove_table(&self, table: &str) -> Vec<Arc<IndexHandle>> {
+        let mut map = self.indexes.write().expect("registry poisoned");
+        let names: Vec<String> = map.values().filter(|h| h.info().table == table).map(|h| h.info().name.clone()).collect();
+        names.iter().filter_map(|n| map.remove(n)).collect()
+    }
+    /// All indexes, ordered by name.
+    pub fn list(&self) -> Vec<Arc<IndexHandle>> {
+        self.indexes.read().expect("registry poisoned").values().cloned().collect()
+    }
+    /// The index on `table.column`, if any.
+    pub fn find(&self, table: &str, column: &str) -> Option<Arc<IndexHandle>> {
+        self.indexes
+            .read()
+            .expect("registry poisoned")
+            .values()
+            .find(|h| h.info().table == table && h.info().column == column)
+            .cloned()
+    }
+}
+
+/// The session registry stored in a session config (the hook for optimizer rules).
+pub fn registry_of(config: &SessionConfig) -> Option<Arc<MphfRegistry>> {
+    config.get_extension::<MphfRegistry>()
+}
+
+/// Formats a UNIX time (seconds) as `YYYY-MM-DD HH:MM:SS` UTC (civil-from-days, H. Hinnant).
+pub fn format_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_format() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(format_utc(1_700_000_000), "2023-11-14 22:13:20");
+        assert_eq!(format_utc(951_782_400), "2000-02-29 00:00:00");
+    }
+}

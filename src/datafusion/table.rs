@@ -1,0 +1,238 @@
+//! `MphfTable`: any [`TableProvider`] plus MPHF indexes on some of its columns.
+//!
+//! The table's schema is the inner schema with [`INDEX_METADATA_KEY`] metadata on each indexed
+//! field (the value is the index id, see [`registry`](super::registry)). Scans delegate to the
+//! inner provider; the plan is wrapped in an [`MphfRelabelExec`] whose output schema carries the
+//! same metadata, so that physical planning of `mphf_index(col)` sees it too (DataFusion builds
+//! the physical function from the physical input schema). Relabeling is free: batches keep their
+//! columns and only swap their schema pointer.
+//!
+//! Invariant: a field carries an id only while this table holds the index's handle, so a plan
+//! over this table always resolves the id.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use ::datafusion::catalog::{Session, TableProvider};
+use ::datafusion::common::tree_node::TreeNodeRecursion;
+use ::datafusion::common::{internal_err, Constraints, Result, Statistics};
+use ::datafusion::datasource::TableType;
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use super::registry::{IndexHandle, INDEX_METADATA_KEY};
+
+/// A table provider that owns MPHF indexes on some columns of an inner provider.
+#[derive(Debug)]
+pub struct MphfTable {
+    /// The wrapped provider (scans go there).
+    inner: Arc<dyn TableProvider>,
+    /// Indexes by column name.
+    indexes: BTreeMap<String, Arc<IndexHandle>>,
+    /// Inner schema plus index metadata on indexed fields.
+    schema: SchemaRef,
+}
+
+/// `schema` with the index metadata of `indexes` added to the matching fields (by name).
+fn label_schema(schema: &Schema, indexes: &BTreeMap<String, Arc<IndexHandle>>) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match indexes.get(f.name()) {
+            Some(h) => {
+                let mut md = f.metadata().clone();
+                md.insert(INDEX_METADATA_KEY.to_string(), h.id().to_string());
+                f.as_ref().clone().with_metadata(md)
+            }
+            None => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+impl MphfTable {
+    /// Wraps `inner` with `indexes` (column name → index). An `inner` that is itself an
+    /// `MphfTable` is unwrapped first, keeping its indexes unless `indexes` replaces them.
+    pub fn new(inner: Arc<dyn TableProvider>, indexes: BTreeMap<String, Arc<IndexHandle>>) -> Self {
+        let unwrapped = inner.downcast_ref::<MphfTable>().map(|t| (Arc::clone(&t.inner), t.indexes.clone()));
+        let (inner, mut all) = unwrapped.unwrap_or((inner, BTreeMap::new()));
+        all.extend(indexes);
+        let schema = label_schema(&inner.schema(), &all);
+        Self { inner, indexes: all, schema }
+    }
+    /// The wrapped provider.
+    pub fn inner(&self) -> &Arc<dyn TableProvider> {
+        &self.inner
+    }
+    /// Indexes by column.
+    pub fn indexes(&self) -> &BTreeMap<String, Arc<IndexHandle>> {
+        &self.indexes
+    }
+    /// The same table without the index on `column`; `None` when no index remains (use
+    /// [`MphfTable::inner`] then).
+    pub fn without(&self, column: &str) -> Option<MphfTable> {
+        let mut rest = self.indexes.clone();
+        rest.remove(column);
+        (!rest.is_empty()).then(|| MphfTable::new(Arc::clone(&self.inner), rest))
+    }
+}
+
+#[async_trait]
+impl TableProvider for MphfTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn constraints(&self) -> Option<&Constraints> {
+        self.inner.constraints()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.inner.table_type()
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let plan = self.inner.scan(state, projection, filters, limit).await?;
+        MphfRelabelExec::try_new(plan, &self.indexes)
+    }
+
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        self.inner.statistics()
+    }
+}
+
+/// Passes its input through unchanged, with index metadata added to the output schema.
+#[derive(Debug)]
+pub struct MphfRelabelExec {
+    /// The scan.
+    input: Arc<dyn ExecutionPlan>,
+    /// The input schema plus index metadata.
+    schema: SchemaRef,
+    /// Input properties with the relabeled schema.
+    properties: Arc<PlanProperties>,
+    /// Indexed columns (for display).
+    columns: Vec<String>,
+}
+
+impl MphfRelabelExec {
+    /// Wraps `input`; returns it unchanged when none of its fields is indexed.
+    pub fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        indexes: &BTreeMap<String, Arc<IndexHandle>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let in_schema = input.schema();
+        let columns: Vec<String> =
+            in_schema.fields().iter().filter(|f| indexes.contains_key(f.name())).map(|f| f.name().clone()).collect();
+        if columns.is_empty() {
+            return Ok(input);
+        }
+        let schema = label_schema(&in_schema, indexes);
+        Ok(Arc::new(Self::with_schema(input, schema, columns)?))
+    }
+
+    fn with_schema(input: Arc<dyn ExecutionPlan>, schema: SchemaRef, columns: Vec<String>) -> Result<Self> {
+        let mut props = input.properties().as_ref().clone();
+        let eq = props.eq_properties.clone().with_new_schema(Arc::clone(&schema))?;
+        props.set_eq_properties(eq);
+        Ok(Self { input, schema, properties: Arc::new(props), columns })
+    }
+}
+
+impl DisplayAs for MphfRelabelExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "indexed={}", self.columns.join(", ")),
+            _ => write!(f, "MphfRelabelExec: indexed=[{}]", self.columns.join(", ")),
+        }
+    }
+}
+
+impl ExecutionPlan for MphfRelabelExec {
+    fn name(&self) -> &str {
+        "MphfRelabelExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("MphfRelabelExec takes one child, got {}", children.len());
+        }
+        let child = children.remove(0);
+        if !child.schema().fields().iter().zip(self.schema.fields()).all(|(a, b)| a.name() == b.name())
+            || child.schema().fields().len() != self.schema.fields().len()
+        {
+            return internal_err!("MphfRelabelExec: the new child's columns differ from the old one's");
+        }
+        Ok(Arc::new(Self::with_schema(child, Arc::clone(&self.schema), self.columns.clone())?))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(::datafusion::physical_plan::ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let stream = self.input.execute(partition, context)?;
+        let schema = Arc::clone(&self.schema);
+        let out_schema = Arc::clone(&schema);
+        let relabeled =
+            stream.map(move |batch: Result<RecordBatch>| -> Result<RecordBatch> { Ok(batch?.with_schema(Arc::clone(&schema))?) });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, relabeled)))
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        self.input.partition_statistics(partition)
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        true
+    }
+}

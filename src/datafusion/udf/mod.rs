@@ -1,0 +1,5 @@
+//! Scalar functions of the extension.
+
+pub mod mphf_index;
+
+pub use mphf_index::MphfIndexFunc;

@@ -1,0 +1,137 @@
+//! GROUP BY on MPHF-indexed keys: every query runs with `mphf.enable_aggregate` on and off and
+//! the sorted results must be identical; with the rule on, the plan must contain
+//! `MphfAggregateExec` (the fast path ran).
+
+#![cfg(feature = "datafusion")]
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::SessionConfig;
+use datafusion_mphf::datafusion::MphfContext;
+
+/// A session with `partitions` target partitions and a 20,000-row table `t` whose key `k` has
+/// 6,000 distinct values plus NULLs, indexed with MPHF.
+async fn setup(partitions: usize) -> MphfContext {
+    let ctx = MphfContext::with_config(
+        SessionConfig::new()
+            .with_target_partitions(partitions)
+            .with_batch_size(1024),
+    );
+    ctx.sql(
+        "CREATE TABLE t AS SELECT \
+           CASE WHEN value % 97 = 0 THEN NULL ELSE value % 6000 END AS k, \
+           value AS v, \
+           CAST(value % 13 AS DOUBLE) AS d, \
+           'str' || CAST(value % 7 AS VARCHAR) AS s \
+         FROM generate_series(1, 20000)",
+    )
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
+    ctx
+}
+
+/// Sorted pretty-printed rows and the physical plan text.
+async fn run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String) {
+    let df = ctx.sql(sql).await.unwrap();
+    let plan = df.clone().create_physical_plan().await.unwrap();
+    let plan_text = displayable(plan.as_ref()).indent(true).to_string();
+    let batches = df.collect().await.unwrap();
+    let text = pretty_format_batches(&batches).unwrap().to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    (lines, plan_text)
+}
+
+/// Runs `sql` with the rule off and on; asserts equal results; returns whether MPHF ran.
+async fn compare(ctx: &MphfContext, sql: &str) -> bool {
+    ctx.sql("SET mphf.enable_aggregate = false").await.unwrap();
+    let (off, off_plan) = run(ctx, sql).await;
+    assert!(!off_plan.contains("MphfAggregateExec"), "{off_plan}");
+    ctx.sql("SET mphf.enable_aggregate = true").await.unwrap();
+    let (on, on_plan) = run(ctx, sql).await;
+    assert_eq!(off, on, "results differ for {sql}\nplan:\n{on_plan}");
+    on_plan.contains("MphfAggregateExec")
+}
+
+const QUERIES: &[(&str, bool)] = &[
+    (
+        "SELECT k, count(*), sum(v), avg(d), min(v), max(s) FROM t GROUP BY k",
+        true,
+    ),
+    ("SELECT k, count(DISTINCT s) FROM t GROUP BY k", true),
+    ("SELECT k, sum(v) FROM t WHERE v % 3 = 0 GROUP BY k", true),
+    ("SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > 3", true),
+    (
+        "SELECT k, sum(v) AS sv FROM t GROUP BY k ORDER BY sv DESC, k LIMIT 7",
+        true,
+    ),
+    ("SELECT k, count(*) FROM t WHERE v < 0 GROUP BY k", true),
+    ("SELECT k FROM t GROUP BY k", true),
+    ("SELECT k + 1, count(*) FROM t GROUP BY k + 1", false),
+    ("SELECT k, s, count(*) FROM t GROUP BY k, s", false),
+];
+
+#[tokio::test]
+async fn results_equal_with_and_without_mphf() {
+    for partitions in [1, 2, 16] {
+        let ctx = setup(partitions).await;
+        for (sql, expect_mphf) in QUERIES {
+            let ran = compare(&ctx, sql).await;
+            assert_eq!(
+                ran, *expect_mphf,
+                "MphfAggregateExec presence for {sql} at {partitions} partitions"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn explain_names_operator_and_index() {
+    let ctx = setup(2).await;
+    let (_, plan) = run(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await;
+    let line = plan
+        .lines()
+        .find(|l| l.contains("MphfAggregateExec"))
+        .expect("operator in plan");
+    assert!(line.contains("mode=Partial") || line.contains("mode=Single"), "{line}");
+    assert!(line.contains("index=t.k"), "{line}");
+    assert!(
+        line.contains("aggr=[count(Int64(1))]") || line.contains("aggr=[count(*)]"),
+        "{line}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_slots_and_fallback_rows() {
+    let ctx = setup(1).await;
+    let df = ctx.sql("SELECT k, count(*) FROM t GROUP BY k").await.unwrap();
+    let plan = df.create_physical_plan().await.unwrap();
+    let task = ctx.ctx().task_ctx();
+    let batches = datafusion::physical_plan::collect(plan.clone(), task).await.unwrap();
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 6001); // 6,000 keys + the NULL group
+    let mut found = false;
+    datafusion::physical_plan::accept(plan.as_ref(), &mut MetricsVisitor(&mut found)).unwrap();
+    assert!(found, "MphfAggregateExec metrics not found");
+}
+
+struct MetricsVisitor<'a>(&'a mut bool);
+
+impl datafusion::physical_plan::ExecutionPlanVisitor for MetricsVisitor<'_> {
+    type Error = datafusion::error::DataFusionError;
+    fn pre_visit(&mut self, plan: &dyn datafusion::physical_plan::ExecutionPlan) -> Result<bool, Self::Error> {
+        if plan.name() == "MphfAggregateExec" {
+            let m = plan.metrics().unwrap();
+            assert_eq!(m.sum_by_name("input_rows").map(|v| v.as_usize()), Some(20000));
+            assert_eq!(m.sum_by_name("slots_touched").map(|v| v.as_usize()), Some(6000));
+            // 20000 / 97 = 206 rows have a NULL key.
+            assert_eq!(m.sum_by_name("fallback_rows").map(|v| v.as_usize()), Some(206));
+            *self.0 = true;
+        }
+        Ok(true)
+    }
+}
