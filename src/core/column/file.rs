@@ -229,7 +229,7 @@ pub(crate) fn check_raw(bytes: &[u8]) -> Result<()> {
             "trailing data: the file has {len} bytes, its header says {stated}"
         )));
     }
-    if len % 8 != 0 || len < MIN_FILE_BYTES {
+    if !len.is_multiple_of(8) || len < MIN_FILE_BYTES {
         return Err(format_err(format!("corrupt header: impossible file length {len}")));
     }
     let body = (len - 8) as usize;
