@@ -54,11 +54,19 @@ fn cell(array: &dyn Array, row: usize) -> Result<String, DataFusionError> {
     let s = match array.data_type() {
         DataType::Float16 | DataType::Float32 | DataType::Float64 => {
             let f = datafusion::arrow::compute::cast(&array.slice(row, 1), &DataType::Float64)?;
-            let v = f.as_any().downcast_ref::<datafusion::arrow::array::Float64Array>().expect("f64").value(0);
+            let v = f
+                .as_any()
+                .downcast_ref::<datafusion::arrow::array::Float64Array>()
+                .expect("f64")
+                .value(0);
             if v.is_finite() && v != 0.0 {
                 let digits = 12 - (v.abs().log10().floor() as i32 + 1);
                 let r = format!("{:.*}", digits.clamp(0, 12) as usize, v);
-                let r = if r.contains('.') { r.trim_end_matches('0').trim_end_matches('.').to_string() } else { r };
+                let r = if r.contains('.') {
+                    r.trim_end_matches('0').trim_end_matches('.').to_string()
+                } else {
+                    r
+                };
                 if r == "-0" {
                     "0".to_string()
                 } else {
@@ -114,7 +122,12 @@ impl AsyncDB for MphfDb {
         let mut rows = Vec::new();
         for b in &batches {
             for r in 0..b.num_rows() {
-                rows.push(b.columns().iter().map(|c| cell(c.as_ref(), r)).collect::<Result<Vec<_>, _>>()?);
+                rows.push(
+                    b.columns()
+                        .iter()
+                        .map(|c| cell(c.as_ref(), r))
+                        .collect::<Result<Vec<_>, _>>()?,
+                );
             }
         }
         Ok(DBOutput::Rows { types, rows })
@@ -132,7 +145,10 @@ fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     if name.starts_with("tpch") {
         for (t, schema, parts) in tpch_tables() {
-            ctx.ctx().register_table(t.as_str(), Arc::new(MemTable::try_new(Arc::clone(schema), parts.clone())?))?;
+            ctx.ctx().register_table(
+                t.as_str(),
+                Arc::new(MemTable::try_new(Arc::clone(schema), parts.clone())?),
+            )?;
         }
     }
     Ok(MphfDb { ctx })
@@ -146,11 +162,20 @@ async fn run_file(path: &Path, complete: bool) -> Result<(), String> {
     });
     if complete {
         runner
-            .update_test_file(path, " ", default_validator, default_normalizer, default_column_validator)
+            .update_test_file(
+                path,
+                " ",
+                default_validator,
+                default_normalizer,
+                default_column_validator,
+            )
             .await
             .map_err(|e| e.to_string())
     } else {
-        runner.run_file_async(path).await.map_err(|e| e.display(false).to_string())
+        runner
+            .run_file_async(path)
+            .await
+            .map_err(|e| e.display(false).to_string())
     }
 }
 
@@ -166,7 +191,10 @@ fn main() -> ExitCode {
         .filter(|p| filters.is_empty() || filters.iter().any(|f| p.to_string_lossy().contains(f.as_str())))
         .collect();
     files.sort();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let (mut passed, mut failed) = (0, 0);
     for f in &files {
         let started = std::time::Instant::now();
@@ -182,7 +210,10 @@ fn main() -> ExitCode {
             }
         }
     }
-    println!("sqllogictests: {passed} passed, {failed} failed{}", if complete { " (completed)" } else { "" });
+    println!(
+        "sqllogictests: {passed} passed, {failed} failed{}",
+        if complete { " (completed)" } else { "" }
+    );
     if failed > 0 {
         ExitCode::FAILURE
     } else {

@@ -59,7 +59,10 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
         config = config.with_option_extension(MphfConfig::default());
     }
     *builder.config() = Some(config);
-    builder.scalar_functions().get_or_insert_with(Vec::new).push(Arc::new(MphfIndexFunc::udf(Some(Arc::clone(&registry)))));
+    builder
+        .scalar_functions()
+        .get_or_insert_with(Vec::new)
+        .push(Arc::new(MphfIndexFunc::udf(Some(Arc::clone(&registry)))));
     builder.table_functions().get_or_insert_with(Default::default).insert(
         INDEX_LIST_FUNCTION.to_string(),
         Arc::new(::datafusion::catalog::TableFunction::new(
@@ -117,13 +120,19 @@ pub fn index_list_batch(registry: &MphfRegistry) -> Result<RecordBatch> {
         text(&|h| h.index().key_type().to_arrow().to_string()),
         Arc::new(UInt64Array::from_iter_values(list.iter().map(|h| h.index().len()))),
         Arc::new(Float64Array::from_iter_values(
-            list.iter().map(|h| (h.index().mphf().bits_per_key() * 100.0).round() / 100.0),
+            list.iter()
+                .map(|h| (h.index().mphf().bits_per_key() * 100.0).round() / 100.0),
         )),
-        Arc::new(UInt64Array::from_iter_values(list.iter().map(|h| h.index().size_bytes()))),
+        Arc::new(UInt64Array::from_iter_values(
+            list.iter().map(|h| h.index().size_bytes()),
+        )),
         text(&|h| h.info().built_at.clone()),
         text(&|h| h.info().device.clone()),
         text(&|h| h.info().source.label().to_string()),
-        Arc::new(StringArray::from_iter(list.iter().map(|h| h.info().path.as_ref().map(|p| p.display().to_string())))),
+        Arc::new(StringArray::from_iter(
+            list.iter()
+                .map(|h| h.info().path.as_ref().map(|p| p.display().to_string())),
+        )),
     ];
     Ok(RecordBatch::try_new(index_list_schema(), cols)?)
 }
@@ -168,8 +177,14 @@ impl MphfContext {
     /// A context from a builder (the extension is added with [`with_mphf`]).
     pub fn with_state_builder(builder: SessionStateBuilder) -> Self {
         let state = with_mphf(builder).build();
-        let registry = state.config().get_extension::<MphfRegistry>().expect("with_mphf sets the registry");
-        Self { ctx: SessionContext::new_with_state(state), registry }
+        let registry = state
+            .config()
+            .get_extension::<MphfRegistry>()
+            .expect("with_mphf sets the registry");
+        Self {
+            ctx: SessionContext::new_with_state(state),
+            registry,
+        }
     }
     /// The DataFusion context (register tables, run DataFrame code).
     pub fn ctx(&self) -> &SessionContext {
@@ -181,7 +196,14 @@ impl MphfContext {
     }
     /// The current `mphf.*` options.
     pub fn config(&self) -> MphfConfig {
-        self.ctx.state().config().options().extensions.get::<MphfConfig>().cloned().unwrap_or_default()
+        self.ctx
+            .state()
+            .config()
+            .options()
+            .extensions
+            .get::<MphfConfig>()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Runs one SQL statement: the extension's own, or DataFusion's.
@@ -193,8 +215,21 @@ impl MphfContext {
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
         match statements::classify(sql)? {
             None => self.ctx.sql(sql).await,
-            Some(MphfStatement::CreateIndex { name, table, column, if_not_exists, params, seed }) => {
-                let spec = IndexSpec { name, table, column, params, seed };
+            Some(MphfStatement::CreateIndex {
+                name,
+                table,
+                column,
+                if_not_exists,
+                params,
+                seed,
+            }) => {
+                let spec = IndexSpec {
+                    name,
+                    table,
+                    column,
+                    params,
+                    seed,
+                };
                 self.create_index(spec, if_not_exists).await?;
                 self.ctx.read_empty()
             }
@@ -224,8 +259,13 @@ impl MphfContext {
 
     /// Registers a Parquet file or folder as `name`, then loads its saved indexes.
     pub async fn register_parquet(&self, name: &str, path: &str) -> Result<()> {
-        self.ctx.register_parquet(name, path, ParquetReadOptions::default()).await?;
-        let table = TableName { text: name.to_string(), reference: TableReference::bare(name) };
+        self.ctx
+            .register_parquet(name, path, ParquetReadOptions::default())
+            .await?;
+        let table = TableName {
+            text: name.to_string(),
+            reference: TableReference::bare(name),
+        };
         self.load_saved_indexes(&table).await.map(|_| ())
     }
 
@@ -242,27 +282,47 @@ impl MphfContext {
             return Ok(vec![]);
         }
         let provider = self.ctx.table_provider(table.reference.clone()).await?;
-        let Some(fp) = persist::fingerprint(provider.as_ref()) else { return Ok(vec![]) };
+        let Some(fp) = persist::fingerprint(provider.as_ref()) else {
+            return Ok(vec![]);
+        };
         let dir = persist::index_dir(&cfg.index_dir, &fp);
-        let Ok(entries) = std::fs::read_dir(&dir) else { return Ok(vec![]) };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(vec![]);
+        };
         let mut files: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.path()).collect();
         files.sort();
         let mut out = vec![];
         for path in files {
-            let Some(fname) = path.file_name().and_then(|f| f.to_str()) else { continue };
-            let Some(column) = persist::column_of_saved(fname, &table.text) else { continue };
-            let prov = ColumnIndex::open(&path).ok().and_then(|i| Provenance::parse(i.provenance()));
+            let Some(fname) = path.file_name().and_then(|f| f.to_str()) else {
+                continue;
+            };
+            let Some(column) = persist::column_of_saved(fname, &table.text) else {
+                continue;
+            };
+            let prov = ColumnIndex::open(&path)
+                .ok()
+                .and_then(|i| Provenance::parse(i.provenance()));
             let (name, params, seed) = match &prov {
                 Some(p) => {
                     let (params, seed) = persist::parse_params_text(&p.params).unwrap_or((Params::DEFAULT, 0));
                     (p.name.clone(), params, seed)
                 }
-                None => (format!("{}_{}", table.text.replace('.', "_"), column), Params::DEFAULT, 0),
+                None => (
+                    format!("{}_{}", table.text.replace('.', "_"), column),
+                    Params::DEFAULT,
+                    0,
+                ),
             };
             if self.registry.get(&name).is_some() || self.registry.find(&table.text, &column).is_some() {
                 continue;
             }
-            let spec = IndexSpec { name, table: table.clone(), column, params, seed };
+            let spec = IndexSpec {
+                name,
+                table: table.clone(),
+                column,
+                params,
+                seed,
+            };
             out.push(self.install(spec, true).await?);
         }
         Ok(out)
@@ -290,7 +350,13 @@ impl MphfContext {
 
     async fn install(&self, spec: IndexSpec, at_registration: bool) -> Result<Arc<IndexHandle>> {
         let cfg = self.config();
-        let IndexSpec { name, table, column, params, seed } = spec;
+        let IndexSpec {
+            name,
+            table,
+            column,
+            params,
+            seed,
+        } = spec;
         let provider = self.ctx.table_provider(table.reference.clone()).await.map_err(|e| {
             DataFusionError::Plan(format!("CREATE INDEX {name}: table '{}' not found ({e})", table.text))
         })?;
@@ -319,9 +385,15 @@ impl MphfContext {
         }
 
         let started = Instant::now();
-        let fp = if cfg.persist { persist::fingerprint(inner.as_ref()) } else { None };
+        let fp = if cfg.persist {
+            persist::fingerprint(inner.as_ref())
+        } else {
+            None
+        };
         let params_text = persist::params_text(&params, seed);
-        let saved = fp.as_ref().map(|fp| persist::saved_path(&persist::index_dir(&cfg.index_dir, fp), &table.text, &column));
+        let saved = fp
+            .as_ref()
+            .map(|fp| persist::saved_path(&persist::index_dir(&cfg.index_dir, fp), &table.text, &column));
         let mut source = IndexSource::Built;
         let mut index = None;
         if let (Some(fp), Some(path)) = (&fp, &saved) {
@@ -346,11 +418,17 @@ impl MphfContext {
                             table.text
                         );
                     }
-                    self.notice(&format!("saved MPHF index {} is stale ({why}); rebuilding", path.display()));
+                    self.notice(&format!(
+                        "saved MPHF index {} is stale ({why}); rebuilding",
+                        path.display()
+                    ));
                     source = IndexSource::RebuiltStale;
                 }
                 SavedState::Corrupt(why) => {
-                    self.notice(&format!("saved MPHF index {} is corrupt ({why}); rebuilding", path.display()));
+                    self.notice(&format!(
+                        "saved MPHF index {} is corrupt ({why}); rebuilding",
+                        path.display()
+                    ));
                     source = IndexSource::RebuiltCorrupt;
                 }
             }
@@ -360,8 +438,12 @@ impl MphfContext {
             None => {
                 let mut i = self.build_column(&inner, &column, params, seed).await?;
                 if let (Some(fp), Some(path)) = (&fp, &saved) {
-                    let prov =
-                        Provenance { name: name.clone(), column: column.clone(), params: params_text, fingerprint: fp.text() };
+                    let prov = Provenance {
+                        name: name.clone(),
+                        column: column.clone(),
+                        params: params_text,
+                        fingerprint: fp.text(),
+                    };
                     i.set_provenance(prov.render());
                     let now: Option<Fingerprint> = persist::fingerprint(inner.as_ref());
                     if now.as_ref() != Some(fp) {
@@ -380,7 +462,8 @@ impl MphfContext {
         };
 
         let size = index.size_bytes() as usize;
-        let reservation = MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
+        let reservation =
+            MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
         reservation.try_grow(size).map_err(|e| {
             DataFusionError::ResourcesExhausted(format!(
                 "MPHF index '{name}' on {}({column}) needs {size} bytes, more than the memory pool has left: {e}",
@@ -391,7 +474,12 @@ impl MphfContext {
             name: name.clone(),
             table: table.text.clone(),
             column: column.clone(),
-            built_at: format_utc(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)),
+            built_at: format_utc(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0),
+            ),
             device: "cpu".to_string(),
             build_ms: started.elapsed().as_secs_f64() * 1e3,
             source,
@@ -415,10 +503,17 @@ impl MphfContext {
         params: Params,
         seed: u64,
     ) -> Result<ColumnIndex> {
-        let df = self.ctx.read_table(Arc::clone(inner))?.select(vec![Expr::Column(Column::new_unqualified(column))])?;
+        let df = self
+            .ctx
+            .read_table(Arc::clone(inner))?
+            .select(vec![Expr::Column(Column::new_unqualified(column))])?;
         let batches = df.collect().await?;
         let chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
-        let opts = IndexOptions { params, seed, ..IndexOptions::default() };
+        let opts = IndexOptions {
+            params,
+            seed,
+            ..IndexOptions::default()
+        };
         tokio::task::spawn_blocking(move || ColumnIndex::build(&chunks, &opts))
             .await
             .map_err(|e| DataFusionError::External(Box::new(e)))?

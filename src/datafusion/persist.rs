@@ -101,12 +101,23 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
         lines.push(format!("{}\t{}\t{}\t{}", f.display(), md.len(), mtime, rows));
     }
     lines.sort();
-    Some(Fingerprint { data_dir: data_dir?, lines })
+    Some(Fingerprint {
+        data_dir: data_dir?,
+        lines,
+    })
 }
 
 /// Replaces characters that are unsafe in a file name.
 fn file_part(s: &str) -> String {
-    s.chars().map(|c| if c.is_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// The folder saved indexes of this table go to.
@@ -125,12 +136,18 @@ pub fn saved_path(dir: &Path, table: &str, column: &str) -> PathBuf {
 
 /// The column part of a saved file name of `table`, if the name is one.
 pub fn column_of_saved(file_name: &str, table: &str) -> Option<String> {
-    file_name.strip_prefix(&format!("{}.", file_part(table)))?.strip_suffix(".mphf").map(str::to_string)
+    file_name
+        .strip_prefix(&format!("{}.", file_part(table)))?
+        .strip_suffix(".mphf")
+        .map(str::to_string)
 }
 
 /// Parameters as stored in the provenance.
 pub fn params_text(p: &Params, seed: u64) -> String {
-    format!("leaf={},bucket={},rotation={},seed={}", p.leaf, p.bucket, p.rotation, seed)
+    format!(
+        "leaf={},bucket={},rotation={},seed={}",
+        p.leaf, p.bucket, p.rotation, seed
+    )
 }
 
 /// Parses [`params_text`].
@@ -177,7 +194,9 @@ impl Provenance {
     /// Parses [`Provenance::render`]'s output.
     pub fn parse(s: &str) -> Option<Provenance> {
         let rest = s.strip_prefix(PROVENANCE_MAGIC)?.strip_prefix('\n')?;
-        let (head, fingerprint) = rest.split_once("files:\n").or_else(|| rest.split_once("files:").map(|(h, _)| (h, "")))?;
+        let (head, fingerprint) = rest
+            .split_once("files:\n")
+            .or_else(|| rest.split_once("files:").map(|(h, _)| (h, "")))?;
         let mut name = None;
         let mut column = None;
         let mut params = None;
@@ -190,7 +209,12 @@ impl Provenance {
                 params = Some(v.to_string());
             }
         }
-        Some(Provenance { name: name?, column: column?, params: params?, fingerprint: fingerprint.to_string() })
+        Some(Provenance {
+            name: name?,
+            column: column?,
+            params: params?,
+            fingerprint: fingerprint.to_string(),
+        })
     }
 }
 
@@ -247,7 +271,10 @@ mod tests {
         };
         assert_eq!(Provenance::parse(&p.render()), Some(p.clone()));
         assert_eq!(parse_params_text(&p.params), Some((Params::DEFAULT, 7)));
-        let empty = Provenance { fingerprint: String::new(), ..p };
+        let empty = Provenance {
+            fingerprint: String::new(),
+            ..p
+        };
         assert_eq!(Provenance::parse(&empty.render()), Some(empty));
         assert_eq!(Provenance::parse("garbage"), None);
     }
@@ -256,7 +283,10 @@ mod tests {
     fn saved_names() {
         let p = saved_path(Path::new("/d"), "lineitem", "l_orderkey");
         assert_eq!(p, PathBuf::from("/d/lineitem.l_orderkey.mphf"));
-        assert_eq!(column_of_saved("lineitem.l_orderkey.mphf", "lineitem").as_deref(), Some("l_orderkey"));
+        assert_eq!(
+            column_of_saved("lineitem.l_orderkey.mphf", "lineitem").as_deref(),
+            Some("l_orderkey")
+        );
         assert_eq!(column_of_saved("orders.o_orderkey.mphf", "lineitem"), None);
     }
 }

@@ -97,8 +97,15 @@ impl IndexHandle {
     /// Registers `index` under a fresh id.
     pub fn new(index: Arc<ColumnIndex>, info: IndexInfo, reservation: Option<MemoryReservation>) -> Arc<IndexHandle> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let handle = Arc::new(IndexHandle { id, index, info, _reservation: reservation });
-        LIVE.write().expect("index table poisoned").insert(id, Arc::downgrade(&handle));
+        let handle = Arc::new(IndexHandle {
+            id,
+            index,
+            info,
+            _reservation: reservation,
+        });
+        LIVE.write()
+            .expect("index table poisoned")
+            .insert(id, Arc::downgrade(&handle));
         handle
     }
     /// The id.
@@ -125,7 +132,10 @@ impl Drop for IndexHandle {
 
 /// The live index with this id, if any.
 pub fn resolve_index(id: u64) -> Option<Arc<IndexHandle>> {
-    LIVE.read().expect("index table poisoned").get(&id).and_then(Weak::upgrade)
+    LIVE.read()
+        .expect("index table poisoned")
+        .get(&id)
+        .and_then(Weak::upgrade)
 }
 
 /// The index id a field advertises in its metadata, if any (it may no longer be live).
@@ -155,7 +165,10 @@ impl MphfRegistry {
     }
     /// Adds (or replaces) an index.
     pub fn insert(&self, handle: Arc<IndexHandle>) {
-        self.indexes.write().expect("registry poisoned").insert(handle.info().name.clone(), handle);
+        self.indexes
+            .write()
+            .expect("registry poisoned")
+            .insert(handle.info().name.clone(), handle);
     }
     /// Removes the index called `name`.
     pub fn remove(&self, name: &str) -> Option<Arc<IndexHandle>> {
@@ -164,12 +177,21 @@ impl MphfRegistry {
     /// Removes every index of `table`; returns them.
     pub fn remove_table(&self, table: &str) -> Vec<Arc<IndexHandle>> {
         let mut map = self.indexes.write().expect("registry poisoned");
-        let names: Vec<String> = map.values().filter(|h| h.info().table == table).map(|h| h.info().name.clone()).collect();
+        let names: Vec<String> = map
+            .values()
+            .filter(|h| h.info().table == table)
+            .map(|h| h.info().name.clone())
+            .collect();
         names.iter().filter_map(|n| map.remove(n)).collect()
     }
     /// All indexes, ordered by name.
     pub fn list(&self) -> Vec<Arc<IndexHandle>> {
-        self.indexes.read().expect("registry poisoned").values().cloned().collect()
+        self.indexes
+            .read()
+            .expect("registry poisoned")
+            .values()
+            .cloned()
+            .collect()
     }
     /// The index on `table.column`, if any.
     pub fn find(&self, table: &str, column: &str) -> Option<Arc<IndexHandle>> {
@@ -200,7 +222,12 @@ pub fn format_utc(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]

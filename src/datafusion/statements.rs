@@ -81,7 +81,10 @@ fn table_name(n: &ObjectName) -> Result<TableName> {
         [c, s, t] => TableReference::full(c.as_str(), s.as_str(), t.as_str()),
         _ => return plan_err!("invalid table name {n}"),
     };
-    Ok(TableName { text: parts.join("."), reference })
+    Ok(TableName {
+        text: parts.join("."),
+        reference,
+    })
 }
 
 fn single_name(n: &ObjectName) -> Result<String> {
@@ -93,8 +96,12 @@ fn single_name(n: &ObjectName) -> Result<String> {
 
 /// True for `SHOW MPHF INDEXES` (any case and spacing, optional `;`).
 fn is_show_indexes(sql: &str) -> bool {
-    let words: Vec<String> =
-        sql.trim().trim_end_matches(';').split_whitespace().map(|w| w.to_ascii_uppercase()).collect();
+    let words: Vec<String> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .map(|w| w.to_ascii_uppercase())
+        .collect();
     words == ["SHOW", "MPHF", "INDEXES"]
 }
 
@@ -106,7 +113,10 @@ fn parse_with(with: &[SqlExpr]) -> Result<(Params, u64)> {
         let Some((k, v)) = text.split_once('=') else {
             return plan_err!("CREATE INDEX ... WITH: expected key = value, got {text}");
         };
-        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().trim_matches('\'').to_ascii_lowercase());
+        let (k, v) = (
+            k.trim().to_ascii_lowercase(),
+            v.trim().trim_matches('\'').to_ascii_lowercase(),
+        );
         let bad = || DataFusionError::Plan(format!("CREATE INDEX ... WITH: invalid value '{v}' for '{k}'"));
         match k.as_str() {
             "leaf" => params.leaf = v.parse().map_err(|_| bad())?,
@@ -167,11 +177,20 @@ pub fn classify(sql: &str) -> Result<Option<MphfStatement>> {
     match stmts.pop_front().expect("one statement") {
         DFStatement::Statement(s) => match *s {
             Statement::CreateIndex(ci) => create_index(&ci).map(Some),
-            Statement::Drop { object_type: ObjectType::Index, if_exists, names, .. } => {
+            Statement::Drop {
+                object_type: ObjectType::Index,
+                if_exists,
+                names,
+                ..
+            } => {
                 let names = names.iter().map(single_name).collect::<Result<Vec<_>>>()?;
                 Ok(Some(MphfStatement::DropIndex { names, if_exists }))
             }
-            Statement::Drop { object_type: ObjectType::Table, names, .. } => {
+            Statement::Drop {
+                object_type: ObjectType::Table,
+                names,
+                ..
+            } => {
                 let names = names.iter().map(table_name).collect::<Result<Vec<_>>>()?;
                 Ok(Some(MphfStatement::DropTable(names)))
             }
@@ -234,18 +253,37 @@ mod tests {
         let s = classify("CREATE INDEX IF NOT EXISTS Li_Ok ON LineItem USING mphf (L_OrderKey) WITH (leaf = 6, bucket = 50, rotation = true, seed = 3)")
             .unwrap()
             .unwrap();
-        let MphfStatement::CreateIndex { name, table, column, if_not_exists, params, seed } = s else { panic!("{s:?}") };
-        assert_eq!((name.as_str(), table.text.as_str(), column.as_str()), ("li_ok", "lineitem", "l_orderkey"));
+        let MphfStatement::CreateIndex {
+            name,
+            table,
+            column,
+            if_not_exists,
+            params,
+            seed,
+        } = s
+        else {
+            panic!("{s:?}")
+        };
+        assert_eq!(
+            (name.as_str(), table.text.as_str(), column.as_str()),
+            ("li_ok", "lineitem", "l_orderkey")
+        );
         assert!(if_not_exists);
         assert_eq!((params.leaf, params.bucket, params.rotation, seed), (6, 50, true, 3));
     }
 
     #[test]
     fn parses_others() {
-        assert_eq!(classify("show  mphf indexes;").unwrap(), Some(MphfStatement::ShowIndexes));
+        assert_eq!(
+            classify("show  mphf indexes;").unwrap(),
+            Some(MphfStatement::ShowIndexes)
+        );
         assert_eq!(
             classify("DROP INDEX IF EXISTS x").unwrap(),
-            Some(MphfStatement::DropIndex { names: vec!["x".into()], if_exists: true })
+            Some(MphfStatement::DropIndex {
+                names: vec!["x".into()],
+                if_exists: true
+            })
         );
         assert_eq!(classify("SELECT 1").unwrap(), None);
         assert_eq!(classify("SELEC garbage").unwrap(), None);

@@ -64,11 +64,17 @@ impl MphfTable {
     /// Wraps `inner` with `indexes` (column name → index). An `inner` that is itself an
     /// `MphfTable` is unwrapped first, keeping its indexes unless `indexes` replaces them.
     pub fn new(inner: Arc<dyn TableProvider>, indexes: BTreeMap<String, Arc<IndexHandle>>) -> Self {
-        let unwrapped = inner.downcast_ref::<MphfTable>().map(|t| (Arc::clone(&t.inner), t.indexes.clone()));
+        let unwrapped = inner
+            .downcast_ref::<MphfTable>()
+            .map(|t| (Arc::clone(&t.inner), t.indexes.clone()));
         let (inner, mut all) = unwrapped.unwrap_or((inner, BTreeMap::new()));
         all.extend(indexes);
         let schema = label_schema(&inner.schema(), &all);
-        Self { inner, indexes: all, schema }
+        Self {
+            inner,
+            indexes: all,
+            schema,
+        }
     }
     /// The wrapped provider.
     pub fn inner(&self) -> &Arc<dyn TableProvider> {
@@ -141,8 +147,12 @@ impl MphfRelabelExec {
         indexes: &BTreeMap<String, Arc<IndexHandle>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let in_schema = input.schema();
-        let columns: Vec<String> =
-            in_schema.fields().iter().filter(|f| indexes.contains_key(f.name())).map(|f| f.name().clone()).collect();
+        let columns: Vec<String> = in_schema
+            .fields()
+            .iter()
+            .filter(|f| indexes.contains_key(f.name()))
+            .map(|f| f.name().clone())
+            .collect();
         if columns.is_empty() {
             return Ok(input);
         }
@@ -154,7 +164,12 @@ impl MphfRelabelExec {
         let mut props = input.properties().as_ref().clone();
         let eq = props.eq_properties.clone().with_new_schema(Arc::clone(&schema))?;
         props.set_eq_properties(eq);
-        Ok(Self { input, schema, properties: Arc::new(props), columns })
+        Ok(Self {
+            input,
+            schema,
+            properties: Arc::new(props),
+            columns,
+        })
     }
 }
 
@@ -204,12 +219,21 @@ impl ExecutionPlan for MphfRelabelExec {
             return internal_err!("MphfRelabelExec takes one child, got {}", children.len());
         }
         let child = children.remove(0);
-        if !child.schema().fields().iter().zip(self.schema.fields()).all(|(a, b)| a.name() == b.name())
+        if !child
+            .schema()
+            .fields()
+            .iter()
+            .zip(self.schema.fields())
+            .all(|(a, b)| a.name() == b.name())
             || child.schema().fields().len() != self.schema.fields().len()
         {
             return internal_err!("MphfRelabelExec: the new child's columns differ from the old one's");
         }
-        Ok(Arc::new(Self::with_schema(child, Arc::clone(&self.schema), self.columns.clone())?))
+        Ok(Arc::new(Self::with_schema(
+            child,
+            Arc::clone(&self.schema),
+            self.columns.clone(),
+        )?))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -223,8 +247,9 @@ impl ExecutionPlan for MphfRelabelExec {
         let stream = self.input.execute(partition, context)?;
         let schema = Arc::clone(&self.schema);
         let out_schema = Arc::clone(&schema);
-        let relabeled =
-            stream.map(move |batch: Result<RecordBatch>| -> Result<RecordBatch> { Ok(batch?.with_schema(Arc::clone(&schema))?) });
+        let relabeled = stream.map(move |batch: Result<RecordBatch>| -> Result<RecordBatch> {
+            Ok(batch?.with_schema(Arc::clone(&schema))?)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, relabeled)))
     }
 

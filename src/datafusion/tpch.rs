@@ -20,7 +20,9 @@ use tpchgen_arrow::{
 };
 
 /// The eight TPC-H tables, smallest first.
-pub const TABLES: [&str; 8] = ["region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem"];
+pub const TABLES: [&str; 8] = [
+    "region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem",
+];
 
 /// Rows per generated batch.
 pub const BATCH_SIZE: usize = 8192;
@@ -41,11 +43,15 @@ pub fn table_part(table: &str, sf: f64, part: i32, parts: i32) -> Result<(Schema
     Ok(match table {
         "region" => boxed(
             RegionArrow::schema_ref(),
-            RegionArrow::new(RegionGenerator::new(sf, part, parts)).with_batch_size(b).skip(small(part)),
+            RegionArrow::new(RegionGenerator::new(sf, part, parts))
+                .with_batch_size(b)
+                .skip(small(part)),
         ),
         "nation" => boxed(
             NationArrow::schema_ref(),
-            NationArrow::new(NationGenerator::new(sf, part, parts)).with_batch_size(b).skip(small(part)),
+            NationArrow::new(NationGenerator::new(sf, part, parts))
+                .with_batch_size(b)
+                .skip(small(part)),
         ),
         "supplier" => boxed(
             SupplierArrow::schema_ref(),
@@ -55,19 +61,28 @@ pub fn table_part(table: &str, sf: f64, part: i32, parts: i32) -> Result<(Schema
             CustomerArrow::schema_ref(),
             CustomerArrow::new(CustomerGenerator::new(sf, part, parts)).with_batch_size(b),
         ),
-        "part" => boxed(PartArrow::schema_ref(), PartArrow::new(PartGenerator::new(sf, part, parts)).with_batch_size(b)),
+        "part" => boxed(
+            PartArrow::schema_ref(),
+            PartArrow::new(PartGenerator::new(sf, part, parts)).with_batch_size(b),
+        ),
         "partsupp" => boxed(
             PartSuppArrow::schema_ref(),
             PartSuppArrow::new(PartSuppGenerator::new(sf, part, parts)).with_batch_size(b),
         ),
-        "orders" => {
-            boxed(OrderArrow::schema_ref(), OrderArrow::new(OrderGenerator::new(sf, part, parts)).with_batch_size(b))
-        }
+        "orders" => boxed(
+            OrderArrow::schema_ref(),
+            OrderArrow::new(OrderGenerator::new(sf, part, parts)).with_batch_size(b),
+        ),
         "lineitem" => boxed(
             LineItemArrow::schema_ref(),
             LineItemArrow::new(LineItemGenerator::new(sf, part, parts)).with_batch_size(b),
         ),
-        other => return Err(DataFusionError::Plan(format!("unknown TPC-H table '{other}' (known: {})", TABLES.join(", ")))),
+        other => {
+            return Err(DataFusionError::Plan(format!(
+                "unknown TPC-H table '{other}' (known: {})",
+                TABLES.join(", ")
+            )))
+        }
     })
 }
 
@@ -96,7 +111,10 @@ pub fn generate(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("TPC-H generator thread panicked")).collect::<Result<Vec<_>>>()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("TPC-H generator thread panicked"))
+            .collect::<Result<Vec<_>>>()
     })?;
     Ok((schema, partitions))
 }

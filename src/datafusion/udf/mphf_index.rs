@@ -39,8 +39,7 @@ use std::sync::Arc;
 use ::datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use ::datafusion::common::{exec_err, internal_err, plan_err, Result, ScalarValue};
 use ::datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
 };
 
 use crate::datafusion::error::to_df;
@@ -88,13 +87,21 @@ impl Default for MphfIndexFunc {
 impl MphfIndexFunc {
     /// The function.
     pub fn new() -> Self {
-        let signature =
-            Signature::one_of(vec![TypeSignature::Any(1), TypeSignature::Any(2)], Volatility::Immutable);
-        Self { signature, registry: None }
+        let signature = Signature::one_of(
+            vec![TypeSignature::Any(1), TypeSignature::Any(2)],
+            Volatility::Immutable,
+        );
+        Self {
+            signature,
+            registry: None,
+        }
     }
     /// The function with a session registry (enables the two-argument form).
     pub fn with_registry(registry: Arc<MphfRegistry>) -> Self {
-        Self { registry: Some(registry), ..Self::new() }
+        Self {
+            registry: Some(registry),
+            ..Self::new()
+        }
     }
     /// The function as a [`ScalarUDF`], ready to register.
     pub fn udf(registry: Option<Arc<MphfRegistry>>) -> ScalarUDF {
@@ -108,10 +115,14 @@ impl MphfIndexFunc {
     fn named_index(&self, name: Option<&ScalarValue>) -> Result<Arc<IndexHandle>> {
         let name = match name {
             Some(ScalarValue::Utf8(Some(n)) | ScalarValue::LargeUtf8(Some(n)) | ScalarValue::Utf8View(Some(n))) => n,
-            _ => return plan_err!("mphf_index(name, expr): the first argument must be a string literal naming an index"),
+            _ => {
+                return plan_err!("mphf_index(name, expr): the first argument must be a string literal naming an index")
+            }
         };
         let Some(registry) = &self.registry else {
-            return plan_err!("mphf_index('{name}', expr): this session has no MPHF registry (build it with with_mphf)");
+            return plan_err!(
+                "mphf_index('{name}', expr): this session has no MPHF registry (build it with with_mphf)"
+            );
         };
         match registry.get(&name.to_lowercase()).or_else(|| registry.get(name)) {
             Some(h) => Ok(h),
