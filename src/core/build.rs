@@ -612,6 +612,20 @@ fn concat_chunks(
     (rice.finish(), sigma)
 }
 
+/// Index of each bucket's first descriptor in the flat preorder list (length B+1; the last
+/// entry is the total). The shape of a bucket depends only on its size, so this is known
+/// before any search.
+pub fn descriptor_starts(memo: &Memo, offsets: &[u64]) -> Vec<usize> {
+    let mut starts = Vec::with_capacity(offsets.len());
+    let mut total = 0usize;
+    for w in offsets.windows(2) {
+        starts.push(total);
+        total += memo.nodes[(w[1] - w[0]) as usize] as usize;
+    }
+    starts.push(total);
+    starts
+}
+
 /// Encodes descriptors produced by a [`BucketSolver`] (bucket after bucket, preorder), in
 /// parallel over ranges of buckets joined like the CPU path's ([`concat_chunks`]).
 fn encode_from_descriptors(
@@ -621,13 +635,8 @@ fn encode_from_descriptors(
 ) -> std::result::Result<(super::rice::RiceBits, Vec<u64>), SolveError> {
     let memo = Memo::get(params.leaf);
     let num_buckets = offsets.len() - 1;
-    let mut dstart = Vec::with_capacity(num_buckets + 1);
-    let mut used = 0usize;
-    for w in offsets.windows(2) {
-        dstart.push(used);
-        used += memo.nodes[(w[1] - w[0]) as usize] as usize;
-    }
-    dstart.push(used);
+    let dstart = descriptor_starts(memo, offsets);
+    let used = dstart[num_buckets];
     assert_eq!(
         used,
         descriptors.len(),

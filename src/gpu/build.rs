@@ -112,13 +112,8 @@ pub fn plan(params: &Params, offsets: &[u64]) -> Plan {
     };
     let nb = offsets.len() - 1;
     // Descriptor start of every bucket (the preorder slot of its root).
-    let mut dstart = Vec::with_capacity(nb + 1);
-    let mut total = 0usize;
-    for w in offsets.windows(2) {
-        dstart.push(total);
-        total += memo.nodes[(w[1] - w[0]) as usize] as usize;
-    }
-    dstart.push(total);
+    let dstart = crate::core::build::descriptor_starts(memo, offsets);
+    let total = dstart[nb];
     assert!(total <= u32::MAX as usize, "a chunk has more than 2^32 descriptors");
     let ranges = (rayon::current_num_threads() * 8).max(1);
     let per = nb.div_ceil(ranges).max(1);
