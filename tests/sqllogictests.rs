@@ -4,7 +4,11 @@
 //! DataFusion, so the engine is our own `AsyncDB`, formatted like DataFusion's sqllogictest
 //! engine: NULL as `NULL`, empty strings as `(empty)`, floats rounded to 12 significant digits).
 //! Files whose name starts with `tpch` get the eight TPC-H tables at SF 0.01, generated in
-//! process. `control substitution on` gives `__TEST_DIR__`, a fresh temporary folder per file.
+//! process. `control substitution on` gives `$__TEST_DIR__`, a fresh temporary folder per file.
+//!
+//! Every `SELECT` / `WITH` query runs twice: as written, then with `mphf.enable_aggregate =
+//! false` (vanilla DataFusion operators); the sorted rows must be equal, so each query of the
+//! suite is checked against vanilla DataFusion on the same data, whatever its expected block says.
 //!
 //! Usage: `cargo test --test sqllogictests [-- [--complete] [FILTER...]]`. `--complete` rewrites
 //! the expected output of the selected files from the current results (check the diff against
@@ -112,6 +116,48 @@ impl AsyncDB for MphfDb {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, DataFusionError> {
+        let output = self.query(sql).await?;
+        if let DBOutput::Rows { rows, .. } = &output {
+            if is_query(sql) {
+                self.ctx.sql("SET mphf.enable_aggregate = false").await?;
+                let vanilla = self.query(sql).await;
+                self.ctx.sql("SET mphf.enable_aggregate = true").await?;
+                let DBOutput::Rows { rows: vanilla, .. } = vanilla? else {
+                    return Err(DataFusionError::Execution("vanilla run returned no rows".into()));
+                };
+                if sorted(rows) != sorted(&vanilla) {
+                    return Err(DataFusionError::Execution(format!(
+                        "rows differ from vanilla DataFusion (mphf.enable_aggregate = false):\n\
+                         with MPHF: {rows:?}\nvanilla:   {vanilla:?}"
+                    )));
+                }
+            }
+        }
+        Ok(output)
+    }
+
+    async fn shutdown(&mut self) {}
+
+    fn engine_name(&self) -> &str {
+        "datafusion-mphf"
+    }
+}
+
+/// True for a row-returning query whose result must not depend on the MPHF operators.
+fn is_query(sql: &str) -> bool {
+    let head = sql.trim_start().get(..6).unwrap_or_default().to_ascii_uppercase();
+    head.starts_with("SELECT") || head.starts_with("WITH")
+}
+
+fn sorted(rows: &[Vec<String>]) -> Vec<Vec<String>> {
+    let mut rows = rows.to_vec();
+    rows.sort();
+    rows
+}
+
+impl MphfDb {
+    /// Runs one statement and formats its rows.
+    async fn query(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, DataFusionError> {
         let df = self.ctx.sql(sql).await?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
@@ -131,12 +177,6 @@ impl AsyncDB for MphfDb {
             }
         }
         Ok(DBOutput::Rows { types, rows })
-    }
-
-    async fn shutdown(&mut self) {}
-
-    fn engine_name(&self) -> &str {
-        "datafusion-mphf"
     }
 }
 

@@ -1,214 +1,157 @@
-//! `mphf demo`: the README's main job on an embedded default.
+//! `mphf demo`: the README's main job on embedded data. Generates TPC-H in memory, creates MPHF
+//! indexes on `orders.o_orderkey`, `lineitem.l_orderkey`, `lineitem.l_suppkey`,
+//! `lineitem.l_partkey` and the string key `customer.c_name`, shows their stats, then runs
+//! GROUP BY / JOIN / membership queries written with `mphf_index` next to their vanilla
+//! DataFusion twins, checks that both give the same rows, and prints times.
 //!
-//! Generates the TPC-H key columns in memory (orders: 1.5M sparse order keys per scale factor,
-//! 8 used of every 32 as in dbgen; lineitem: 1–7 lines per order; l_suppkey), builds column
-//! indexes on them (GPU when present and worth it, else all CPU cores), prints the index stats,
-//! and runs the two operations the project exists for, with and without the MPHF slots:
-//!
-//! - `SELECT l_orderkey, count(*) FROM lineitem GROUP BY l_orderkey`: slot array vs hash map;
-//! - `SELECT count(*) FROM lineitem JOIN orders ON l_orderkey = o_orderkey`: slot probe vs hash
-//!   map probe.
-//!
-//! Results are checked equal before times are printed. The SQL path (`mphf_index`, the
-//! DataFusion operators) is not in this build yet; the demo grows with it.
+//! Until the MPHF GROUP BY and JOIN operators land, the `mphf_index` queries run on DataFusion's
+//! own operators (over dense UInt32 slots instead of the keys): the table shows what that costs
+//! today and grows with the operator issues.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, Int64Array};
+use anyhow::{bail, Result};
 use clap::Args;
+use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use ::datafusion::arrow::util::pretty::pretty_format_batches;
+use ::datafusion::datasource::MemTable;
+use ::datafusion::prelude::{SessionConfig, SessionContext};
 
-use super::CliError;
-use crate::core::column::{ColumnIndex, IndexOptions, ABSENT};
-use crate::core::hash::mix64;
-use crate::core::Params;
+use crate::datafusion::tpch::generate;
+use crate::datafusion::MphfContext;
 
 /// Arguments of `mphf demo`.
-#[derive(Debug, Clone, Args)]
+#[derive(Args, Debug, Clone)]
 pub struct DemoArgs {
-    /// TPC-H scale factor of the generated key columns.
+    /// TPC-H scale factor of the in-memory data.
     #[arg(long, default_value_t = 1.0)]
     pub scale: f64,
-    /// Repetitions of each timed operation (the median is printed).
-    #[arg(long, default_value_t = 5)]
+    /// Target partitions of both sessions (default: available cores).
+    #[arg(long)]
+    pub partitions: Option<usize>,
+    /// Runs per query (the minimum time is reported).
+    #[arg(long, default_value_t = 3)]
     pub runs: usize,
 }
 
-/// The generated columns.
-struct Data {
-    o_orderkey: ArrayRef,
-    l_orderkey: ArrayRef,
-    l_suppkey: ArrayRef,
-}
+/// (label, MPHF query, vanilla twin).
+const QUERIES: &[(&str, &str, &str)] = &[
+    (
+        "distinct orderkeys",
+        "SELECT count(DISTINCT mphf_index(l_orderkey)), max(mphf_index(l_orderkey)) FROM lineitem",
+        "SELECT count(DISTINCT l_orderkey), count(DISTINCT l_orderkey) - 1 FROM lineitem",
+    ),
+    (
+        "GROUP BY l_orderkey",
+        "SELECT count(*), sum(c), sum(q) FROM (SELECT count(*) c, sum(l_quantity) q FROM lineitem GROUP BY mphf_index(l_orderkey))",
+        "SELECT count(*), sum(c), sum(q) FROM (SELECT count(*) c, sum(l_quantity) q FROM lineitem GROUP BY l_orderkey)",
+    ),
+    (
+        "GROUP BY l_partkey",
+        "SELECT count(*), sum(q) FROM (SELECT sum(l_quantity) q FROM lineitem GROUP BY mphf_index(l_partkey))",
+        "SELECT count(*), sum(q) FROM (SELECT sum(l_quantity) q FROM lineitem GROUP BY l_partkey)",
+    ),
+    (
+        "GROUP BY l_suppkey top 5",
+        "SELECT min(l_suppkey) k, sum(l_extendedprice) r FROM lineitem GROUP BY mphf_index(l_suppkey) ORDER BY r DESC, k LIMIT 5",
+        "SELECT l_suppkey k, sum(l_extendedprice) r FROM lineitem GROUP BY l_suppkey ORDER BY r DESC, k LIMIT 5",
+    ),
+    (
+        "lineitem ⋈ orders",
+        "SELECT count(*), sum(l_quantity) FROM lineitem JOIN orders ON mphf_index(l_orderkey) = mphf_index('li_ok', o_orderkey)",
+        "SELECT count(*), sum(l_quantity) FROM lineitem JOIN orders ON l_orderkey = o_orderkey",
+    ),
+    (
+        "orders with lineitems",
+        "SELECT count(*) FROM orders WHERE mphf_index('li_ok', o_orderkey + 1) IS NOT NULL",
+        "SELECT count(*) FROM orders WHERE o_orderkey + 1 IN (SELECT l_orderkey FROM lineitem)",
+    ),
+    (
+        "GROUP BY c_name",
+        "SELECT count(*), max(n) FROM (SELECT count(*) n FROM customer GROUP BY mphf_index(c_name))",
+        "SELECT count(*), max(n) FROM (SELECT count(*) n FROM customer GROUP BY c_name)",
+    ),
+];
 
-/// TPC-H key columns: order keys use 8 of every 32 values; each order has 1–7 lines.
-fn generate(scale: f64) -> Data {
-    let orders = ((1_500_000.0 * scale) as i64).max(1);
-    let suppliers = ((10_000.0 * scale) as i64).max(1);
-    let okey = |i: i64| (i / 8) * 32 + (i % 8) + 1;
-    let o: Vec<i64> = (0..orders).map(okey).collect();
-    let mut l = Vec::with_capacity(orders as usize * 4);
-    let mut s = Vec::with_capacity(orders as usize * 4);
-    for i in 0..orders {
-        let lines = 1 + (mix64(i as u64) % 7) as i64;
-        for j in 0..lines {
-            l.push(okey(i));
-            s.push(1 + (mix64((i * 8 + j) as u64 ^ 0x5eed) % suppliers as u64) as i64);
+/// The rows of `batches` as sorted strings (order-insensitive comparison).
+fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
+    let opts = FormatOptions::default().with_null("NULL");
+    let mut rows = Vec::new();
+    for b in batches {
+        let fmts =
+            b.columns().iter().map(|c| ArrayFormatter::try_new(c.as_ref(), &opts)).collect::<Result<Vec<_>, _>>()?;
+        for r in 0..b.num_rows() {
+            rows.push(fmts.iter().map(|f| f.value(r).to_string()).collect::<Vec<_>>().join(" | "));
         }
     }
-    Data {
-        o_orderkey: Arc::new(Int64Array::from(o)),
-        l_orderkey: Arc::new(Int64Array::from(l)),
-        l_suppkey: Arc::new(Int64Array::from(s)),
+    rows.sort();
+    Ok(rows)
+}
+
+/// Min time (ms) over `runs` and the rows of the last run.
+async fn time_query(run: impl AsyncFn() -> Result<Vec<RecordBatch>>, runs: usize) -> Result<(f64, Vec<String>)> {
+    let mut best = f64::INFINITY;
+    let mut rows = Vec::new();
+    for _ in 0..runs.max(1) {
+        let t = Instant::now();
+        let batches = run().await?;
+        best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        rows = rows_of(&batches)?;
     }
+    Ok((best, rows))
 }
 
-fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
-    let mut t: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64()
-        })
-        .collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    t[t.len() / 2]
-}
-
-fn build(name: &str, col: &ArrayRef) -> Result<ColumnIndex, CliError> {
-    let params = Params::DEFAULT;
-    #[cfg(feature = "cuda")]
-    let (solver, notice) = crate::gpu::solver_for(crate::gpu::Device::Auto, col.len() as u64, &params);
-    #[cfg(not(feature = "cuda"))]
-    let (solver, notice): (Option<Arc<dyn crate::core::BucketSolver>>, Option<String>) = (None, None);
-    if let Some(n) = notice {
-        eprintln!("{n}");
-    }
-    let t = Instant::now();
-    let idx = ColumnIndex::build(
-        std::slice::from_ref(col),
-        &IndexOptions {
-            params,
-            solver,
-            ..Default::default()
-        },
-    )?;
-    println!(
-        "index {name:<11} rows {:>9}  keys {:>9}  {:.3} bits/key (MPHF)  {:>10} bytes  built in {:>7.1} ms on {}",
-        idx.stats().rows,
-        idx.len(),
-        idx.mphf().bits_per_key(),
-        idx.size_bytes(),
-        t.elapsed().as_secs_f64() * 1e3,
-        idx.device()
-    );
-    Ok(idx)
-}
-
-/// Runs the demo.
+/// Runs `mphf demo`.
 ///
 /// # Errors
-/// Index build failures, or a result mismatch between the two paths.
-pub fn run(args: &DemoArgs) -> Result<(), CliError> {
-    println!("generating TPC-H key columns at SF {} ...", args.scale);
-    let data = generate(args.scale);
-    let o_idx = build("o_orderkey", &data.o_orderkey)?;
-    let l_idx = build("l_orderkey", &data.l_orderkey)?;
-    let _s_idx = build("l_suppkey", &data.l_suppkey)?;
+/// Generation, index and query errors; a result mismatch between MPHF and vanilla.
+pub async fn run(args: DemoArgs) -> Result<()> {
+    let parts = args.partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let config = SessionConfig::new().with_target_partitions(parts);
+    let mphf = MphfContext::with_config(config.clone());
+    let vanilla = SessionContext::new_with_config(config);
 
-    let lkeys = data
-        .l_orderkey
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .expect("Int64")
-        .values()
-        .clone();
-    let okeys = data
-        .o_orderkey
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .expect("Int64")
-        .values()
-        .clone();
-
-    // GROUP BY l_orderkey, count(*).
-    let mut slot_counts = Vec::new();
-    let mut slots = Vec::new();
-    let t_mphf = median_secs(args.runs, || {
-        l_idx
-            .lookup_slots(data.l_orderkey.as_ref(), &mut slots)
-            .expect("lookup");
-        slot_counts = vec![0u64; l_idx.len() as usize];
-        for &s in &slots {
-            slot_counts[s as usize] += 1;
-        }
-    });
-    let mut map_counts: HashMap<i64, u64> = HashMap::new();
-    let t_hash = median_secs(args.runs, || {
-        map_counts = HashMap::new();
-        for &k in lkeys.iter() {
-            *map_counts.entry(k).or_insert(0) += 1;
-        }
-    });
-    let keys_in_slot = l_idx
-        .keys()
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .expect("Int64 keys")
-        .values()
-        .clone();
-    let equal = map_counts.len() == slot_counts.len()
-        && keys_in_slot
-            .iter()
-            .zip(&slot_counts)
-            .all(|(k, c)| map_counts.get(k) == Some(c));
-    if !equal {
-        return Err(CliError::Bench(
-            "GROUP BY results differ between the MPHF and the hash map".into(),
-        ));
+    eprintln!("generating TPC-H SF {} in memory ({parts} partitions)...", args.scale);
+    let t = Instant::now();
+    for table in ["customer", "orders", "lineitem"] {
+        let (schema, batches) = generate(table, args.scale, parts, &|_| {})?;
+        let mem = Arc::new(MemTable::try_new(schema, batches)?);
+        mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
+        vanilla.register_table(table, mem)?;
     }
+    eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
 
-    // lineitem ⋈ orders on the order key: count of matches.
-    let mut probe = Vec::new();
-    let mut matches_mphf = 0u64;
-    let t_join_mphf = median_secs(args.runs, || {
-        o_idx
-            .lookup_slots(data.l_orderkey.as_ref(), &mut probe)
-            .expect("lookup");
-        matches_mphf = probe.iter().filter(|&&s| s != ABSENT).count() as u64;
-    });
-    let mut matches_hash = 0u64;
-    let t_join_hash = median_secs(args.runs, || {
-        let build: HashMap<i64, usize> = okeys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
-        matches_hash = lkeys.iter().filter(|k| build.contains_key(k)).count() as u64;
-    });
-    if matches_mphf != matches_hash {
-        return Err(CliError::Bench(format!(
-            "join counts differ: {matches_mphf} vs {matches_hash}"
-        )));
+    let indexes = [
+        ("o_ok", "orders", "o_orderkey"),
+        ("li_ok", "lineitem", "l_orderkey"),
+        ("li_sk", "lineitem", "l_suppkey"),
+        ("li_pk", "lineitem", "l_partkey"),
+        ("c_name", "customer", "c_name"),
+    ];
+    for (name, table, col) in indexes {
+        let t = Instant::now();
+        mphf.sql(&format!("CREATE INDEX {name} ON {table} USING mphf ({col})")).await?;
+        eprintln!("CREATE INDEX {name} ON {table} ({col}): {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
     }
+    let stats = mphf.sql("SELECT name, \"table\", \"column\", key_type, keys, bits_per_key, bytes FROM mphf_indexes() ORDER BY name").await?.collect().await?;
+    println!("MPHF indexes (SF {}):\n{}", args.scale, pretty_format_batches(&stats)?);
 
-    println!();
-    println!(
-        "| operation (median of {}) | groups / matches | hash map | MPHF slots | speed-up |",
-        args.runs
-    );
-    println!("|---|---|---|---|---|");
-    println!(
-        "| GROUP BY l_orderkey, count(*) | {} | {:.1} ms | {:.1} ms | {:.2}x |",
-        slot_counts.len(),
-        t_hash * 1e3,
-        t_mphf * 1e3,
-        t_hash / t_mphf
-    );
-    println!(
-        "| lineitem JOIN orders ON orderkey, count(*) | {} | {:.1} ms | {:.1} ms | {:.2}x |",
-        matches_mphf,
-        t_join_hash * 1e3,
-        t_join_mphf * 1e3,
-        t_join_hash / t_join_mphf
-    );
-    println!("\nresults identical on both paths; the hash-map join time includes building its table, the MPHF index was built once above.");
+    println!("{:<26} {:>12} {:>12} {:>9}  same rows", "query", "vanilla ms", "mphf ms", "speed-up");
+    let mut mismatches = 0;
+    for (label, q_mphf, q_vanilla) in QUERIES {
+        let (tv, rv) = time_query(async || Ok(vanilla.sql(q_vanilla).await?.collect().await?), args.runs).await?;
+        let (tm, rm) = time_query(async || Ok(mphf.sql(q_mphf).await?.collect().await?), args.runs).await?;
+        let same = rv == rm;
+        if !same {
+            mismatches += 1;
+            eprintln!("MISMATCH in {label}:\n  vanilla: {rv:?}\n  mphf:    {rm:?}");
+        }
+        println!("{label:<26} {tv:>12.1} {tm:>12.1} {:>8.2}x  {}", tv / tm, if same { "yes" } else { "NO" });
+    }
+    if mismatches > 0 {
+        bail!("{mismatches} queries gave different rows with and without MPHF");
+    }
     Ok(())
 }

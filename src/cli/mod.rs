@@ -6,11 +6,14 @@
 //! (thiserror); `anyhow` appears only in `src/bin/mphf.rs`.
 
 pub mod bench_build;
+pub mod bench_slots;
 pub mod build;
 pub mod demo;
 pub mod inspect;
 pub mod lookup;
 pub mod parquet_io;
+pub mod sql;
+pub mod tpch;
 
 use std::path::PathBuf;
 
@@ -39,7 +42,11 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Look up every row of a Parquet column; write the column and its `slot`.
     Lookup(lookup::LookupArgs),
-    /// The main job: generate TPC-H keys, build indexes, compare MPHF slots with hash maps.
+    /// Run SQL with the MPHF extension over Parquet tables (`-c`, `-f`, or an interactive shell).
+    Sql(sql::SqlArgs),
+    /// Generate TPC-H tables as Parquet files.
+    Tpch(tpch::TpchArgs),
+    /// The main job: TPC-H in memory, MPHF indexes, GROUP BY / JOIN with and without them.
     Demo(demo::DemoArgs),
     /// Benchmarks.
     #[command(subcommand)]
@@ -51,6 +58,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Build and query random u64 keys with RecSplit, PtrHash and FMPHGO; print one table.
     Build(bench_build::BenchBuildArgs),
+    /// GROUP BY / JOIN counting on TPC-H key columns: MPHF slots vs hash maps, no DataFusion.
+    Slots(bench_slots::BenchSlotsArgs),
 }
 
 /// Runs a parsed command line.
@@ -62,12 +71,24 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Build(args) => build::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Lookup(args) => lookup::run(&args),
-        Command::Demo(args) => demo::run(&args),
+        Command::Sql(args) => block_on(sql::run(args)),
+        Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
+        Command::Demo(args) => block_on(demo::run(args)),
+        Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())
         }
     }
+}
+
+/// Runs an async command on a multi-threaded tokio runtime.
+fn block_on(job: impl std::future::Future<Output = anyhow::Result<()>>) -> Result<(), CliError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::Io { path: PathBuf::from("<tokio runtime>"), err })?;
+    runtime.block_on(job).map_err(CliError::Other)
 }
 
 /// A Parquet input and one of its columns.
@@ -175,6 +196,9 @@ pub enum CliError {
         /// Why it cannot be used.
         err: MphfError,
     },
+    /// A SQL, TPC-H or demo command failed (the message carries its context).
+    #[error("{0:#}")]
+    Other(anyhow::Error),
     /// JSON output failed.
     #[error("JSON error: {0}")]
     Json(#[from] serde_json::Error),

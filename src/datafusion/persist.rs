@@ -80,13 +80,27 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
     let mut files = Vec::new();
     let mut data_dir = None;
     for url in listing.table_paths() {
-        if url.scheme() != "file" || url.get_glob().is_some() {
+        if url.scheme() != "file" {
             return None;
         }
         let path = url.get_url().to_file_path().ok()?;
         if path.is_dir() {
             data_dir.get_or_insert_with(|| path.clone());
-            collect_files(&path, &ext, &mut files).ok()?;
+            let mut found = Vec::new();
+            collect_files(&path, &ext, &mut found).ok()?;
+            // A folder registered by CREATE EXTERNAL TABLE carries a glob such as `*.parquet`.
+            // Keeping every file that matches by name or by relative path can only add files
+            // to the fingerprint, which makes it stricter, never looser.
+            if let Some(glob) = url.get_glob() {
+                found.retain(|f| {
+                    let name = f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                    let relative = f.strip_prefix(&path).map(|r| r.to_string_lossy().replace('\\', "/"));
+                    glob.matches(&name) || relative.is_ok_and(|r| glob.matches(&r))
+                });
+            }
+            files.extend(found);
+        } else if url.get_glob().is_some() {
+            return None;
         } else {
             data_dir.get_or_insert_with(|| path.parent().map(Path::to_path_buf).unwrap_or_default());
             files.push(path);
