@@ -297,3 +297,38 @@ fn errors_are_clear() {
     let e = fails(&["inspect", &files.path("none.mphf")]);
     assert!(e.contains("none.mphf: No such file or directory"), "{e}");
 }
+
+/// `mphf tpch` then `mphf sql` twice: dense slots, and the second run reuses the saved index.
+#[test]
+fn tpch_then_sql_reuses_the_saved_index() {
+    let files = Files::new();
+    let dir = files.path("tpch");
+    ok(&["tpch", "--scale", "0.01", "--output", &dir, "--tables", "lineitem"]);
+    let lineitem = format!("lineitem={dir}/lineitem.parquet");
+    let args = [
+        "sql",
+        "--format",
+        "csv",
+        "--table",
+        &lineitem,
+        "-c",
+        "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)",
+        "-c",
+        "SELECT count(DISTINCT mphf_index(l_orderkey)) AS n, max(mphf_index(l_orderkey)) AS m FROM lineitem",
+    ];
+    let first = mphf(&args);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(String::from_utf8_lossy(&first.stdout).contains("n,m\n15000,14999\n"));
+    assert!(!String::from_utf8_lossy(&first.stderr).contains("reusing saved MPHF index"));
+    assert!(Path::new(&format!("{dir}/_mphf/lineitem.l_orderkey.mphf")).exists());
+    let second = mphf(&args);
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    assert!(String::from_utf8_lossy(&second.stdout).contains("n,m\n15000,14999\n"));
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("reusing saved MPHF index li_ok on lineitem(l_orderkey)"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let e = fails(&["sql", "--table", &lineitem, "-c", "SELECT mphf_index(l_partkey) FROM lineitem"]);
+    assert!(e.contains("column 'l_partkey' has no MPHF index"), "{e}");
+}

@@ -1,9 +1,17 @@
 //! The `mphf` binary: parses the command line and runs it (see `datafusion_mphf::cli`).
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = datafusion_mphf::cli::Cli::parse();
-    datafusion_mphf::cli::run(cli)?;
-    Ok(())
+    match datafusion_mphf::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line with the whole cause chain; no backtrace (the messages carry the context).
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }

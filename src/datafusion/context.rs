@@ -245,6 +245,11 @@ impl MphfContext {
                 self.load_saved_indexes(&t).await?;
                 Ok(df)
             }
+            Some(MphfStatement::CreateTableAs(t)) => {
+                let df = self.ctx.sql(sql).await?;
+                self.strip_inherited_labels(&t).await?;
+                Ok(df)
+            }
             Some(MphfStatement::DropTable(tables)) => {
                 let df = self.ctx.sql(sql).await?;
                 for t in tables {
@@ -255,6 +260,22 @@ impl MphfContext {
                 Ok(df)
             }
         }
+    }
+
+    /// A table created from a query over an indexed table inherits its source's field metadata,
+    /// which names the source's index: wrap it in an index-less [`MphfTable`], whose schema
+    /// drops such labels, so that `mphf_index` and the operators never use another table's index.
+    async fn strip_inherited_labels(&self, table: &TableName) -> Result<()> {
+        let provider = self.ctx.table_provider(table.reference.clone()).await?;
+        if provider.downcast_ref::<MphfTable>().is_some()
+            || !provider.schema().fields().iter().any(|f| super::table::has_index_label(f))
+        {
+            return Ok(());
+        }
+        let wrapped = MphfTable::new(provider, BTreeMap::new());
+        self.ctx.deregister_table(table.reference.clone())?;
+        self.ctx.register_table(table.reference.clone(), Arc::new(wrapped))?;
+        Ok(())
     }
 
     /// Registers a Parquet file or folder as `name`, then loads its saved indexes.

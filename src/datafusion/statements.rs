@@ -56,6 +56,9 @@ pub enum MphfStatement {
     CreateExternalTable(TableName),
     /// `DROP TABLE`: DataFusion runs it, then the table's indexes are dropped.
     DropTable(Vec<TableName>),
+    /// `CREATE TABLE … AS SELECT`: DataFusion runs it, then index labels the new table inherited
+    /// from its source are removed.
+    CreateTableAs(TableName),
 }
 
 /// Normalizes an identifier (unquoted → lowercase).
@@ -194,6 +197,7 @@ pub fn classify(sql: &str) -> Result<Option<MphfStatement>> {
                 let names = names.iter().map(table_name).collect::<Result<Vec<_>>>()?;
                 Ok(Some(MphfStatement::DropTable(names)))
             }
+            Statement::CreateTable(ct) if ct.query.is_some() => Ok(Some(MphfStatement::CreateTableAs(table_name(&ct.name)?))),
             _ => Ok(None),
         },
         DFStatement::CreateExternalTable(c) => Ok(Some(MphfStatement::CreateExternalTable(table_name(&c.name)?))),

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use ::datafusion::catalog::{Session, TableProvider};
 use ::datafusion::common::tree_node::TreeNodeRecursion;
@@ -43,18 +43,21 @@ pub struct MphfTable {
     schema: SchemaRef,
 }
 
-/// `schema` with the index metadata of `indexes` added to the matching fields (by name).
+/// `schema` with the index metadata of `indexes` set on the matching fields (by name) and
+/// removed from every other field: a table created from a query over an indexed table (`CREATE
+/// TABLE … AS SELECT`) inherits the field metadata of its source, which names an index of a
+/// different table.
 fn label_schema(schema: &Schema, indexes: &BTreeMap<String, Arc<IndexHandle>>) -> SchemaRef {
     let fields: Vec<Field> = schema
         .fields()
         .iter()
-        .map(|f| match indexes.get(f.name()) {
-            Some(h) => {
-                let mut md = f.metadata().clone();
-                md.insert(INDEX_METADATA_KEY.to_string(), h.id().to_string());
-                f.as_ref().clone().with_metadata(md)
-            }
-            None => f.as_ref().clone(),
+        .map(|f| {
+            let mut md = f.metadata().clone();
+            match indexes.get(f.name()) {
+                Some(h) => md.insert(INDEX_METADATA_KEY.to_string(), h.id().to_string()),
+                None => md.remove(INDEX_METADATA_KEY),
+            };
+            f.as_ref().clone().with_metadata(md)
         })
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
@@ -127,7 +130,13 @@ impl TableProvider for MphfTable {
     }
 }
 
-/// Passes its input through unchanged, with index metadata added to the output schema.
+/// True when `field` carries an index label (its own or one inherited from a source table).
+pub fn has_index_label(field: &Field) -> bool {
+    field.metadata().contains_key(INDEX_METADATA_KEY)
+}
+
+/// Passes its input through unchanged, with index metadata set on the output schema (and stale
+/// labels removed, see `label_schema`).
 #[derive(Debug)]
 pub struct MphfRelabelExec {
     /// The scan.
@@ -150,7 +159,7 @@ impl MphfRelabelExec {
         let columns: Vec<String> = in_schema
             .fields()
             .iter()
-            .filter(|f| indexes.contains_key(f.name()))
+            .filter(|f| indexes.contains_key(f.name()) || has_index_label(f))
             .map(|f| f.name().clone())
             .collect();
         if columns.is_empty() {
@@ -248,7 +257,10 @@ impl ExecutionPlan for MphfRelabelExec {
         let schema = Arc::clone(&self.schema);
         let out_schema = Arc::clone(&schema);
         let relabeled = stream.map(move |batch: Result<RecordBatch>| -> Result<RecordBatch> {
-            Ok(batch?.with_schema(Arc::clone(&schema))?)
+            // Not `with_schema`: it refuses to change metadata that the input already carries.
+            let batch = batch?;
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            Ok(RecordBatch::try_new_with_options(Arc::clone(&schema), batch.columns().to_vec(), &options)?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, relabeled)))
     }
