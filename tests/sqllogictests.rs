@@ -24,7 +24,8 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
-use datafusion_mphf::datafusion::{tpch, MphfContext};
+use datafusion::prelude::SessionConfig;
+use datafusion_mphf::datafusion::{tpch, MphfConfig, MphfContext};
 use sqllogictest::{
     default_column_validator, default_normalizer, default_validator, AsyncDB, DBOutput, DefaultColumnType, Runner,
 };
@@ -181,7 +182,12 @@ impl MphfDb {
 }
 
 fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
-    let ctx = MphfContext::new();
+    // Costing off: every GROUP BY on an indexed key runs on MphfAggregateExec, so the vanilla
+    // cross-check (see the module docs) covers the operator even on small tables.
+    let mut mphf_options = MphfConfig::default();
+    mphf_options.aggregate_min_slots = 0;
+    mphf_options.aggregate_min_rows_per_run = 0.0;
+    let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     if name.starts_with("tpch") {
         for (t, schema, parts) in tpch_tables() {

@@ -681,3 +681,31 @@ proptest! {
         }
     }
 }
+
+/// Runs of equal keys (clustered columns) share one query: members, non-members and NULL runs,
+/// across the 1024-row lookup blocks, in a sliced probe.
+#[test]
+fn runs_of_equal_keys() {
+    let col: ArrayRef = Arc::new(Int64Array::from((0..3000).map(|i| i * 2).collect::<Vec<i64>>()));
+    let idx = ColumnIndex::build(&[col], &opts()).unwrap();
+    // Value v repeated (v % 5) + 1 times; every 7th run NULL; odd values are not members.
+    let mut rows: Vec<Option<i64>> = Vec::new();
+    for v in 0..1500i64 {
+        for _ in 0..(v % 5) + 1 {
+            rows.push(if v % 7 == 3 { None } else { Some(v * 3) });
+        }
+    }
+    let probe = Int64Array::from(rows.clone());
+    let probe = probe.slice(3, rows.len() - 3);
+    let mut slots = Vec::new();
+    idx.lookup_slots(&probe, &mut slots).unwrap();
+    assert_eq!(slots.len(), probe.len());
+    for (i, &slot) in slots.iter().enumerate() {
+        match rows[i + 3] {
+            Some(v) if v % 2 == 0 && v < 6000 => {
+                assert_eq!(show(idx.keys(), slot as usize), v.to_string(), "row {i}")
+            }
+            _ => assert_eq!(slot, ABSENT, "row {i}"),
+        }
+    }
+}

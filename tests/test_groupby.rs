@@ -31,6 +31,8 @@ async fn setup(partitions: usize) -> MphfContext {
     .await
     .unwrap();
     ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
+    // `k` is not clustered (one row per run): costing would decline; these tests force the operator.
+    ctx.sql("SET mphf.aggregate_min_rows_per_run = 0").await.unwrap();
     ctx
 }
 
@@ -97,7 +99,7 @@ async fn explain_names_operator_and_index() {
         .lines()
         .find(|l| l.contains("MphfAggregateExec"))
         .expect("operator in plan");
-    assert!(line.contains("mode=Partial") || line.contains("mode=Single"), "{line}");
+    assert!(line.contains("mode=SlotMerge"), "{line}");
     assert!(line.contains("index=t.k"), "{line}");
     assert!(
         line.contains("aggr=[count(Int64(1))]") || line.contains("aggr=[count(*)]"),
@@ -134,4 +136,23 @@ impl datafusion::physical_plan::ExecutionPlanVisitor for MetricsVisitor<'_> {
         }
         Ok(true)
     }
+}
+
+/// The costing rule declines an unclustered key and a small index by default.
+#[tokio::test]
+async fn costing_declines_unclustered_and_small_keys() {
+    let ctx = setup(2).await;
+    ctx.sql("SET mphf.aggregate_min_rows_per_run = 2").await.unwrap();
+    assert!(!compare(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await);
+    // Clustered: 4 rows per key in table order.
+    ctx.sql("CREATE TABLE c AS SELECT value / 4 AS k, value AS v FROM generate_series(0, 39999)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    ctx.sql("CREATE INDEX c_k ON c USING mphf (k)").await.unwrap();
+    assert!(compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
+    ctx.sql("SET mphf.aggregate_min_slots = 20000").await.unwrap();
+    assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
 }

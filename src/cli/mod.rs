@@ -60,6 +60,8 @@ pub enum BenchCommand {
     Build(bench_build::BenchBuildArgs),
     /// GROUP BY / JOIN counting on TPC-H key columns: MPHF slots vs hash maps, no DataFusion.
     Slots(bench_slots::BenchSlotsArgs),
+    /// TPC-H GROUP BY queries with and without MPHF in one process: median times and ratios.
+    Groupby(demo::DemoArgs),
 }
 
 /// Runs a parsed command line.
@@ -75,6 +77,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
         Command::Demo(args) => block_on(demo::run(args)),
         Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
+        Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args)),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())

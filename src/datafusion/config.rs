@@ -16,6 +16,11 @@ extensions_options! {
         pub verbose: bool, default = true
         /// Replace hash aggregation by `MphfAggregateExec` when the GROUP BY key is indexed.
         pub enable_aggregate: bool, default = true
+        /// Costing: indexes with fewer slots stay on hash aggregation (cache-resident tables).
+        pub aggregate_min_slots: u64, default = 4096
+        /// Costing: the indexed column's rows per run of equal keys (in table order, measured
+        /// at build) must reach this; unclustered keys cost one MPHF query per row and lose.
+        pub aggregate_min_rows_per_run: f64, default = 2.0
     }
 }
 

@@ -417,6 +417,7 @@ impl MphfContext {
             .map(|fp| persist::saved_path(&persist::index_dir(&cfg.index_dir, fp), &table.text, &column));
         let mut source = IndexSource::Built;
         let mut index = None;
+        let mut rows_per_run = None;
         if let (Some(fp), Some(path)) = (&fp, &saved) {
             let want = (!at_registration).then_some(params_text.as_str());
             match persist::check_saved(path, &column, want, fp) {
@@ -427,6 +428,7 @@ impl MphfContext {
                         table.text,
                         path.display()
                     ));
+                    rows_per_run = Provenance::parse(i.provenance()).and_then(|p| p.rows_per_run);
                     index = Some(*i);
                     source = IndexSource::Loaded;
                 }
@@ -457,13 +459,15 @@ impl MphfContext {
         let index = match index {
             Some(i) => i,
             None => {
-                let mut i = self.build_column(&inner, &column, params, seed).await?;
+                let (mut i, runs) = self.build_column(&inner, &column, params, seed).await?;
+                rows_per_run = Some(runs);
                 if let (Some(fp), Some(path)) = (&fp, &saved) {
                     let prov = Provenance {
                         name: name.clone(),
                         column: column.clone(),
                         params: params_text,
                         fingerprint: fp.text(),
+                        rows_per_run,
                     };
                     i.set_provenance(prov.render());
                     let now: Option<Fingerprint> = persist::fingerprint(inner.as_ref());
@@ -503,6 +507,7 @@ impl MphfContext {
             ),
             device: "cpu".to_string(),
             build_ms: started.elapsed().as_secs_f64() * 1e3,
+            rows_per_run,
             source,
             path: saved,
         };
@@ -517,13 +522,15 @@ impl MphfContext {
     }
 
     /// Scans `column` of `inner` once and builds its index on a blocking thread.
+    /// Scans `column` once and builds its index; also returns the column's rows per run of
+    /// equal consecutive keys (NULLs included), the clustering the aggregate rule's costing uses.
     async fn build_column(
         &self,
         inner: &Arc<dyn TableProvider>,
         column: &str,
         params: Params,
         seed: u64,
-    ) -> Result<ColumnIndex> {
+    ) -> Result<(ColumnIndex, f64)> {
         let df = self
             .ctx
             .read_table(Arc::clone(inner))?
@@ -535,10 +542,17 @@ impl MphfContext {
             seed,
             ..IndexOptions::default()
         };
-        tokio::task::spawn_blocking(move || ColumnIndex::build(&chunks, &opts))
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?
-            .map_err(to_df)
+        tokio::task::spawn_blocking(move || -> Result<(ColumnIndex, f64)> {
+            let (mut rows, mut runs) = (0usize, 0usize);
+            for c in &chunks {
+                rows += c.len();
+                runs += ::datafusion::arrow::compute::partition(std::slice::from_ref(c))?.len();
+            }
+            let index = ColumnIndex::build(&chunks, &opts).map_err(to_df)?;
+            Ok((index, rows as f64 / runs.max(1) as f64))
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?
     }
 
     /// `DROP INDEX`: unregisters the index, re-registers its table without it and deletes its

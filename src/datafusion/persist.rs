@@ -182,7 +182,7 @@ pub fn parse_params_text(s: &str) -> Option<(Params, u64)> {
 }
 
 /// The fields of a provenance text.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Provenance {
     /// Index name.
     pub name: String,
@@ -192,6 +192,8 @@ pub struct Provenance {
     pub params: String,
     /// [`Fingerprint::text`].
     pub fingerprint: String,
+    /// Rows per run of equal keys of the column in table order (for costing).
+    pub rows_per_run: Option<f64>,
 }
 
 impl Provenance {
@@ -202,6 +204,9 @@ impl Provenance {
         let _ = writeln!(s, "name={}", self.name);
         let _ = writeln!(s, "column={}", self.column);
         let _ = writeln!(s, "params={}", self.params);
+        if let Some(r) = self.rows_per_run {
+            let _ = writeln!(s, "rows_per_run={r}");
+        }
         let _ = write!(s, "files:\n{}", self.fingerprint);
         s
     }
@@ -214,6 +219,7 @@ impl Provenance {
         let mut name = None;
         let mut column = None;
         let mut params = None;
+        let mut rows_per_run = None;
         for line in head.lines() {
             if let Some(v) = line.strip_prefix("name=") {
                 name = Some(v.to_string());
@@ -221,6 +227,8 @@ impl Provenance {
                 column = Some(v.to_string());
             } else if let Some(v) = line.strip_prefix("params=") {
                 params = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("rows_per_run=") {
+                rows_per_run = v.parse().ok();
             }
         }
         Some(Provenance {
@@ -228,6 +236,7 @@ impl Provenance {
             column: column?,
             params: params?,
             fingerprint: fingerprint.to_string(),
+            rows_per_run,
         })
     }
 }
@@ -282,6 +291,7 @@ mod tests {
             column: "l_orderkey".into(),
             params: params_text(&Params::DEFAULT, 7),
             fingerprint: "/a\t1\t2\t3\n/b\t4\t5\t6".into(),
+            rows_per_run: Some(4.25),
         };
         assert_eq!(Provenance::parse(&p.render()), Some(p.clone()));
         assert_eq!(parse_params_text(&p.params), Some((Params::DEFAULT, 7)));

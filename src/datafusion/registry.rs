@@ -73,6 +73,9 @@ pub struct IndexInfo {
     pub source: IndexSource,
     /// File the index is saved in, for file-backed tables.
     pub path: Option<PathBuf>,
+    /// Rows per run of equal keys of the column in table order (`None`: unknown, e.g. an index
+    /// saved by an older version).
+    pub rows_per_run: Option<f64>,
 }
 
 /// One live index: the column index, its facts, and its memory reservation.

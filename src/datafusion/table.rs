@@ -23,6 +23,7 @@ use ::datafusion::datasource::TableType;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
@@ -265,8 +266,16 @@ impl ExecutionPlan for MphfRelabelExec {
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, relabeled)))
     }
 
-    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
-        self.input.partition_statistics(partition)
+    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+        // Relabeling changes field metadata only: the input's statistics hold as they are.
+        match input_stats.first() {
+            Some(stats) => Ok(Arc::clone(stats)),
+            None => internal_err!("MphfRelabelExec: no input statistics"),
+        }
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
     }
 
     fn supports_limit_pushdown(&self) -> bool {

@@ -7,6 +7,15 @@
 //! the accumulators are DataFusion's own `GroupsAccumulator`s (or `GroupsAccumulatorAdapter`
 //! for aggregates without one), sized once to the slot count, emitted with `EmitTo::All`.
 //!
+//! # Two forms
+//! - **SlotMerge** ([`MphfMergedAggregateExec`]): a `Final`/`FinalPartitioned` aggregate over a
+//!   repartition (or coalesce) of an eligible `Partial` one becomes one node: per-input-partition
+//!   slot accumulators, then output partition `p` merges the slot range `p` of all of them. No
+//!   hashing at all. Used when DataFusion's sanity check accepts the plan (nothing above relies
+//!   on hash partitioning of the group key).
+//! - **Per partition** ([`MphfAggregateExec`]): replaces only the `Partial` (or `Single`) node;
+//!   DataFusion's final stage merges the partial states by hash.
+//!
 //! # Fast-path conditions (checked by [`MphfAggregateRule`], which otherwise leaves the plan alone)
 //! - mode `Partial`, `Single` or `SinglePartitioned` (the `Final` stage after a `Partial` stays
 //!   DataFusion's: it merges partial states by hash and is always correct);
@@ -27,6 +36,8 @@
 //!   vanilla DataFusion's even when the index is stale.
 //! - Only touched slots (and fallback groups) are emitted, in slot order, in `batch_size` batches.
 
+mod groups;
+mod merged;
 mod rule;
 mod stream;
 
@@ -45,6 +56,7 @@ use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
 };
 
+pub use merged::MphfMergedAggregateExec;
 pub use rule::{MphfAggregateRule, MAX_SLOTS_PER_ROW, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
@@ -84,6 +96,11 @@ impl MphfAggregateExec {
     /// The index used.
     pub fn index(&self) -> &Arc<IndexHandle> {
         &self.index
+    }
+
+    /// The replaced aggregate's mode (`Partial`, `Single` or `SinglePartitioned`).
+    pub fn mode(&self) -> AggregateMode {
+        *self.agg.mode()
     }
 
     fn mode_name(&self) -> &'static str {

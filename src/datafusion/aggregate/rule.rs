@@ -13,7 +13,14 @@
 //!   `slots / MAX_SLOTS_PER_ROW`: accumulators are sized to the slot count per partition and
 //!   emission scans every slot, so a selective filter in front would make the operator pay for
 //!   slots no row reaches.
-//! These thresholds are provisional (see the branch report for what was measured).
+//! - Decline when the indexed column is not clustered: fewer than
+//!   `mphf.aggregate_min_rows_per_run` (default 2) rows per run of equal keys in table order,
+//!   measured when the index is built. The operator queries the MPHF once per run (the lookup
+//!   reuses the slot of a repeated key), at 60–80 ns per query on the 2-core machine, while
+//!   DataFusion's vectorized hashing costs 25–50 ns per row: one query per row loses
+//!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
+//!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md.
+//! Both thresholds are session options, so tests can force the operator on small data.
 
 use std::sync::Arc;
 
@@ -21,17 +28,30 @@ use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
+use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 
-use super::MphfAggregateExec;
+use super::{MphfAggregateExec, MphfMergedAggregateExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::index_of_field;
 
-/// Indexes with fewer slots than this are left to DataFusion's hash aggregation.
+/// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
+/// hash aggregation.
 pub const MIN_SLOTS: u64 = 4096;
+
+/// The costing thresholds (from the session's `mphf.*` options).
+#[derive(Clone, Copy, Debug)]
+pub struct Costing {
+    /// Fewest slots worth the operator.
+    pub min_slots: u64,
+    /// Fewest rows per run of equal keys (clustering) of the indexed column.
+    pub min_rows_per_run: f64,
+}
 /// Decline when the input has fewer than one row per this many slots.
 pub const MAX_SLOTS_PER_ROW: u64 = 8;
 
@@ -47,7 +67,7 @@ impl MphfAggregateRule {
 }
 
 /// `Some(exec)` when `agg` can run on slots; `Ok(None)` (quiet fallback) otherwise.
-pub fn try_as_mphf_aggregate(agg: &AggregateExec) -> Result<Option<MphfAggregateExec>> {
+pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<Option<MphfAggregateExec>> {
     // Partial, Single and SinglePartitioned read raw rows; Final modes merge states of possibly
     // different keys per partition and stay DataFusion's; PartialReduce is left alone.
     if !matches!(
@@ -86,7 +106,10 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec) -> Result<Option<MphfAggregate
         return Ok(None);
     }
     let slots = index.len();
-    if slots < MIN_SLOTS {
+    if slots < costing.min_slots {
+        return Ok(None);
+    }
+    if handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
         return Ok(None);
     }
     if let Ok(stats) = StatisticsContext::new().compute(agg.input().as_ref(), &StatisticsArgs::new()) {
@@ -99,26 +122,80 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec) -> Result<Option<MphfAggregate
     Ok(Some(MphfAggregateExec::new(Arc::new(agg.clone()), Arc::clone(&handle))))
 }
 
+/// Replaces eligible aggregates bottom-up; with `merge`, also fuses `Final ← exchange ←
+/// Partial` into the slot-range merge.
+fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if merge {
+            if let Some(exec) = try_as_merged(agg) {
+                return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
+            }
+        }
+        match try_as_mphf_aggregate(agg, costing)? {
+            Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
+            None => Ok(Transformed::no(node)),
+        }
+    })
+    .data()
+}
+
+/// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
+/// was already replaced by the per-partition [`MphfAggregateExec`].
+fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
+    if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
+        return None;
+    }
+    if agg.filter_expr().iter().any(Option::is_some)
+        || agg.limit_options().is_some()
+        || agg.properties().output_ordering().is_some()
+        || !agg.group_expr().is_single()
+        || agg.group_expr().expr().len() != 1
+    {
+        return None;
+    }
+    let exchange = agg.input();
+    let is_exchange = exchange
+        .downcast_ref::<RepartitionExec>()
+        .is_some_and(|r| r.properties().output_ordering().is_none() && !r.preserve_order())
+        || exchange.downcast_ref::<CoalescePartitionsExec>().is_some();
+    if !is_exchange {
+        return None;
+    }
+    let partial = exchange.children().first()?.downcast_ref::<MphfAggregateExec>()?;
+    if partial.mode() != AggregateMode::Partial || partial.aggregate().aggr_expr().len() != agg.aggr_expr().len() {
+        return None;
+    }
+    let outputs = agg.properties().output_partitioning().partition_count();
+    Some(MphfMergedAggregateExec::new(
+        Arc::clone(partial.aggregate()),
+        Arc::new(agg.clone()),
+        Arc::clone(partial.index()),
+        outputs,
+    ))
+}
+
 impl PhysicalOptimizerRule for MphfAggregateRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let enabled = config
-            .extensions
-            .get::<MphfConfig>()
-            .map(|c| c.enable_aggregate)
-            .unwrap_or(false);
-        if !enabled {
+        let Some(cfg) = config.extensions.get::<MphfConfig>() else {
+            return Ok(plan);
+        };
+        if !cfg.enable_aggregate {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            match try_as_mphf_aggregate(agg)? {
-                Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
-                None => Ok(Transformed::no(node)),
-            }
-        })
-        .data()
+        let costing = Costing {
+            min_slots: cfg.aggregate_min_slots,
+            min_rows_per_run: cfg.aggregate_min_rows_per_run,
+        };
+        let merged = rewrite(Arc::clone(&plan), true, &costing)?;
+        // The merged form is not hash partitioned on the key; keep it only when no node above
+        // relies on that (DataFusion's own sanity check of distributions and orderings).
+        if SanityCheckPlan::new().optimize(Arc::clone(&merged), config).is_ok() {
+            return Ok(merged);
+        }
+        rewrite(plan, false, &costing)
     }
 
     fn name(&self) -> &str {

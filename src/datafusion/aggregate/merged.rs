@@ -1,0 +1,379 @@
+//! `MphfAggregateExec` in `SlotMerge` mode: the whole two-stage aggregation (`Partial →
+//! Repartition/Coalesce → Final[Partitioned]`) as one node, with no hash table anywhere.
+//!
+//! # Strategy
+//! 1. **Partials** (once per execution, shared by all output partitions): one task per input
+//!    partition accumulates its rows into slot-indexed accumulators ([`SlotGroups`]) and keeps
+//!    the states of the slots it touched, in slot order ([`PartialSlots`]).
+//! 2. **Slot-range merge**: output partition `p` of `P` owns the slots `[p·n/P, (p+1)·n/P)`.
+//!    It binary-searches that range in every partial, merges the states with `merge_batch`
+//!    (group index = slot − range start) and emits the touched slots of its range in slot order,
+//!    keys read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
+//!    not in the index) by their row-format key.
+//!
+//! This replaces DataFusion's repartition by hash and its final hash aggregation: the slot
+//! already says which output partition a group belongs to, and where in it.
+//!
+//! # Invariants
+//! - Each group is emitted by exactly one output partition; results equal the replaced plan's.
+//! - The output is `UnknownPartitioning(P)`, not hash partitioned: the rule installs this node
+//!   only when DataFusion's sanity check accepts the plan (no parent relies on hash
+//!   partitioning of the key), otherwise it falls back to the per-partition form.
+//! - Memory: every partial's accumulators and states are reserved in the memory pool.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use ::datafusion::arrow::buffer::BooleanBuffer;
+use ::datafusion::arrow::compute::{concat, filter};
+use ::datafusion::arrow::row::{RowConverter, SortField};
+use ::datafusion::common::tree_node::TreeNodeRecursion;
+use ::datafusion::common::{internal_err, DataFusionError, Result};
+use ::datafusion::common::runtime::SpawnedTask;
+use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::logical_expr::EmitTo;
+use ::datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use ::datafusion::physical_plan::aggregates::AggregateExec;
+use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+
+use super::groups::{cast_to, groups_accumulator, PartialSlots, SlotGroups, SlotMetrics};
+use crate::datafusion::registry::IndexHandle;
+
+type PartialsResult = std::result::Result<Arc<Vec<PartialSlots>>, Arc<DataFusionError>>;
+
+/// The two-stage aggregation on slots (see the module docs).
+pub struct MphfMergedAggregateExec {
+    /// The replaced `Partial` aggregate: input, group and aggregate expressions.
+    partial: Arc<AggregateExec>,
+    /// The replaced final aggregate: output schema and aggregate expressions.
+    final_agg: Arc<AggregateExec>,
+    index: Arc<IndexHandle>,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+    /// The partials of the current execution, computed once, and how many output partitions
+    /// took them (the cache is cleared when all did, so a re-execution starts afresh).
+    partials: Mutex<Option<(Shared<BoxFuture<'static, PartialsResult>>, usize)>>,
+}
+
+impl fmt::Debug for MphfMergedAggregateExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MphfMergedAggregateExec")
+            .field("index", &self.index.info().name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MphfMergedAggregateExec {
+    /// Replaces `final_agg` (whose input chain ends in `partial`) with `output_partitions`
+    /// slot ranges.
+    pub fn new(
+        partial: Arc<AggregateExec>,
+        final_agg: Arc<AggregateExec>,
+        index: Arc<IndexHandle>,
+        output_partitions: usize,
+    ) -> Self {
+        let schema = ExecutionPlan::schema(final_agg.as_ref());
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(output_partitions.max(1)),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Self {
+            partial,
+            final_agg,
+            index,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            partials: Mutex::new(None),
+        }
+    }
+
+    /// The shared future of the partials (started on first use).
+    fn partials(&self, context: &Arc<TaskContext>) -> Shared<BoxFuture<'static, PartialsResult>> {
+        let ranges = self.properties.output_partitioning().partition_count();
+        let mut guard = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, taken)) = guard.as_mut() {
+            let f = f.clone();
+            *taken += 1;
+            if *taken >= ranges {
+                *guard = None;
+            }
+            return f;
+        }
+        let partial = Arc::clone(&self.partial);
+        let index = Arc::clone(&self.index);
+        let context = Arc::clone(context);
+        let metrics = self.metrics.clone();
+        let key_type = ExecutionPlan::schema(self.final_agg.as_ref()).field(0).data_type().clone();
+        let fut = async move {
+            let inputs = partial.input().output_partitioning().partition_count();
+            let mut tasks = Vec::with_capacity(inputs);
+            for i in 0..inputs {
+                let stream = partial.input().execute(i, Arc::clone(&context))?;
+                let mut groups = SlotGroups::try_new(&partial, Arc::clone(&index), SlotMetrics::new(&metrics, i))?;
+                let reservation =
+                    MemoryConsumer::new(format!("MphfAggregateExec[partial {i}]")).register(context.memory_pool());
+                let key_type = key_type.clone();
+                tasks.push(SpawnedTask::spawn(async move {
+                    let mut stream = stream;
+                    while let Some(batch) = stream.next().await {
+                        groups.accumulate(&batch?)?;
+                        reservation.try_resize(groups.size())?;
+                    }
+                    let out = groups.into_partial(&key_type)?;
+                    let bytes = out.states.iter().chain(&out.fallback_states).map(|a| a.get_array_memory_size()).sum::<usize>()
+                        + out.slots.capacity() * 8;
+                    reservation.try_resize(bytes)?;
+                    Ok::<_, DataFusionError>(PartialSlots {
+                        _reservation: Some(reservation),
+                        ..out
+                    })
+                }));
+            }
+            let mut out = Vec::with_capacity(inputs);
+            for t in tasks {
+                let part = t
+                    .join_unwind()
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+                out.push(part);
+            }
+            Ok(Arc::new(out))
+        }
+        .map(|r: Result<Arc<Vec<PartialSlots>>>| r.map_err(Arc::new))
+        .boxed()
+        .shared();
+        if ranges > 1 {
+            *guard = Some((fut.clone(), 1));
+        }
+        fut
+    }
+}
+
+/// What the merge of one range needs from the node.
+struct Stages {
+    partial: Arc<AggregateExec>,
+    final_agg: Arc<AggregateExec>,
+    index: Arc<IndexHandle>,
+}
+
+/// Merges the partials' states for the slots `[lo, hi)` (and, when `with_fallback`, the
+/// fallback groups) and returns the result batch of that range.
+fn merge_range(
+    exec: &Stages,
+    partials: &[PartialSlots],
+    lo: usize,
+    hi: usize,
+    with_fallback: bool,
+    slots_touched: &::datafusion::physical_plan::metrics::Count,
+) -> Result<RecordBatch> {
+    let schema = ExecutionPlan::schema(exec.final_agg.as_ref());
+    let key_type = schema.field(0).data_type().clone();
+    let mut accs = exec
+        .final_agg
+        .aggr_expr()
+        .iter()
+        .map(groups_accumulator)
+        .collect::<Result<Vec<_>>>()?;
+    let widths: Vec<usize> = exec.partial.aggr_expr().iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<_>>()?;
+    let n_range = hi - lo;
+    let mut touched = vec![false; n_range];
+    let mut fallback = std::collections::HashMap::<Box<[u8]>, usize>::new();
+    let mut fallback_keys: Vec<ArrayRef> = Vec::new();
+    let converter = RowConverter::new(vec![SortField::new(key_type.clone())])?;
+    let mut groups = Vec::new();
+    for part in partials {
+        let a = part.slots.partition_point(|&s| s < lo);
+        let b = part.slots.partition_point(|&s| s < hi);
+        if a < b {
+            groups.clear();
+            groups.extend(part.slots[a..b].iter().map(|&s| s - lo));
+            for &g in &groups {
+                touched[g] = true;
+            }
+            let total = n_range + fallback.len();
+            let mut col = 0;
+            for (acc, &w) in accs.iter_mut().zip(&widths) {
+                let states: Vec<ArrayRef> = part.states[col..col + w].iter().map(|s| s.slice(a, b - a)).collect();
+                acc.merge_batch(&states, &groups, total)?;
+                col += w;
+            }
+        }
+        if let (true, Some(keys)) = (with_fallback, &part.fallback_keys) {
+            let rows = converter.convert_columns(&[Arc::clone(keys)])?;
+            groups.clear();
+            for (i, row) in rows.iter().enumerate() {
+                let next = fallback.len();
+                let g = *fallback.entry(row.as_ref().into()).or_insert_with(|| {
+                    fallback_keys.push(keys.slice(i, 1));
+                    next
+                });
+                groups.push(n_range + g);
+            }
+            let total = n_range + fallback.len();
+            let mut col = 0;
+            for (acc, &w) in accs.iter_mut().zip(&widths) {
+                acc.merge_batch(&part.fallback_states[col..col + w], &groups, total)?;
+                col += w;
+            }
+        }
+    }
+    let n_touched = touched.iter().filter(|&&t| t).count();
+    slots_touched.add(n_touched);
+    if n_touched == 0 && fallback.is_empty() {
+        return Ok(RecordBatch::new_empty(schema));
+    }
+    let slot_mask = BooleanArray::new(BooleanBuffer::from(touched.as_slice()), None);
+    touched.extend(std::iter::repeat_n(true, fallback.len()));
+    let mask = BooleanArray::new(BooleanBuffer::from(touched), None);
+    let keys = exec.index.index().keys().slice(lo, n_range);
+    let mut key = cast_to(filter(keys.as_ref(), &slot_mask)?, &key_type)?;
+    if !fallback_keys.is_empty() {
+        let mut parts: Vec<&dyn Array> = vec![key.as_ref()];
+        parts.extend(fallback_keys.iter().map(|k| k.as_ref()));
+        key = concat(&parts)?;
+    }
+    let mut columns = vec![key];
+    for acc in &mut accs {
+        columns.push(filter(acc.evaluate(EmitTo::All)?.as_ref(), &mask)?);
+    }
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+impl DisplayAs for MphfMergedAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let info = self.index.info();
+        let gby: Vec<String> = self
+            .partial
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, alias)| format!("{e} as {alias}"))
+            .collect();
+        let aggr: Vec<&str> = self.final_agg.aggr_expr().iter().map(|a| a.name()).collect();
+        let ranges = self.properties.output_partitioning().partition_count();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "mode=SlotMerge")?;
+                writeln!(f, "index={}.{}", info.table, info.column)?;
+                write!(f, "gby=[{}]", gby.join(", "))
+            }
+            _ => write!(
+                f,
+                "MphfAggregateExec: mode=SlotMerge, ranges={ranges}, index={}.{}, gby=[{}], aggr=[{}]",
+                info.table,
+                info.column,
+                gby.join(", "),
+                aggr.join(", ")
+            ),
+        }
+    }
+}
+
+impl ExecutionPlan for MphfMergedAggregateExec {
+    fn name(&self) -> &str {
+        "MphfAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.partial.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.partial.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("MphfAggregateExec takes one child, got {}", children.len());
+        }
+        let inner = Arc::clone(&self.partial).replace_children(children, options)?;
+        let Some(partial) = inner.downcast_ref::<AggregateExec>() else {
+            return internal_err!("MphfAggregateExec: the replaced aggregate changed type");
+        };
+        Ok(Arc::new(Self::new(
+            Arc::new(partial.clone()),
+            Arc::clone(&self.final_agg),
+            Arc::clone(&self.index),
+            self.properties.output_partitioning().partition_count(),
+        )))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let ranges = self.properties.output_partitioning().partition_count();
+        if partition >= ranges {
+            return internal_err!("MphfAggregateExec: partition {partition} of {ranges}");
+        }
+        let n = self.index.index().len() as usize;
+        let (lo, hi) = (partition * n / ranges, (partition + 1) * n / ranges);
+        let partials = self.partials(&context);
+        let schema = ExecutionPlan::schema(self.final_agg.as_ref());
+        let batch_size = context.session_config().batch_size().max(1);
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let merge_time = MetricBuilder::new(&self.metrics).subset_time("merge_time", partition);
+        let slots_touched = MetricBuilder::new(&self.metrics).counter("merged_slots", partition);
+        let this = Stages {
+            partial: Arc::clone(&self.partial),
+            final_agg: Arc::clone(&self.final_agg),
+            index: Arc::clone(&self.index),
+        };
+        let out = futures::stream::once(async move {
+            let partials = partials.await.map_err(DataFusionError::Shared)?;
+            let batch = {
+                let _timer = merge_time.timer();
+                merge_range(&this, &partials, lo, hi, partition == 0, &slots_touched)?
+            };
+            let slices: Vec<Result<RecordBatch>> = (0..batch.num_rows())
+                .step_by(batch_size)
+                .map(|o| {
+                    let len = batch_size.min(batch.num_rows() - o);
+                    baseline.record_output(len);
+                    Ok(batch.slice(o, len))
+                })
+                .collect();
+            Ok::<_, DataFusionError>(futures::stream::iter(slices))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
