@@ -329,6 +329,12 @@ fn tpch_then_sql_reuses_the_saved_index() {
         "{}",
         String::from_utf8_lossy(&second.stderr)
     );
-    let e = fails(&["sql", "--table", &lineitem, "-c", "SELECT mphf_index(l_partkey) FROM lineitem"]);
+    let e = fails(&[
+        "sql",
+        "--table",
+        &lineitem,
+        "-c",
+        "SELECT mphf_index(l_partkey) FROM lineitem",
+    ]);
     assert!(e.contains("column 'l_partkey' has no MPHF index"), "{e}");
 }

@@ -11,14 +11,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
-use clap::Args;
 use ::datafusion::arrow::array::RecordBatch;
 use ::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use ::datafusion::arrow::util::pretty::pretty_format_batches;
 use ::datafusion::datasource::MemTable;
 use ::datafusion::physical_plan::displayable;
 use ::datafusion::prelude::{SessionConfig, SessionContext};
+use anyhow::{bail, Result};
+use clap::Args;
 
 use crate::datafusion::tpch::generate;
 use crate::datafusion::MphfContext;
@@ -101,10 +101,18 @@ fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
     let opts = FormatOptions::default().with_null("NULL");
     let mut rows = Vec::new();
     for b in batches {
-        let fmts =
-            b.columns().iter().map(|c| ArrayFormatter::try_new(c.as_ref(), &opts)).collect::<Result<Vec<_>, _>>()?;
+        let fmts = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
+            .collect::<Result<Vec<_>, _>>()?;
         for r in 0..b.num_rows() {
-            rows.push(fmts.iter().map(|f| f.value(r).to_string()).collect::<Vec<_>>().join(" | "));
+            rows.push(
+                fmts.iter()
+                    .map(|f| f.value(r).to_string())
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            );
         }
     }
     rows.sort();
@@ -137,7 +145,9 @@ async fn uses_mphf(ctx: &MphfContext, sql: &str) -> Result<bool> {
 /// # Errors
 /// Generation, index and query errors; a result mismatch between MPHF and vanilla.
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let parts = args.partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let parts = args
+        .partitions
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let config = SessionConfig::new().with_target_partitions(parts);
     let mphf = MphfContext::with_config(config.clone());
     let vanilla = SessionContext::new_with_config(config);
@@ -161,18 +171,27 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     ];
     for (name, table, col) in indexes {
         let t = Instant::now();
-        mphf.sql(&format!("CREATE INDEX {name} ON {table} USING mphf ({col})")).await?;
-        eprintln!("CREATE INDEX {name} ON {table} ({col}): {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
+        mphf.sql(&format!("CREATE INDEX {name} ON {table} USING mphf ({col})"))
+            .await?;
+        eprintln!(
+            "CREATE INDEX {name} ON {table} ({col}): {:.0} ms",
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     let stats = mphf
-        .sql("SELECT name, \"table\", \"column\", key_type, keys, bits_per_key, bytes FROM mphf_indexes() ORDER BY name")
+        .sql(
+            "SELECT name, \"table\", \"column\", key_type, keys, bits_per_key, bytes FROM mphf_indexes() ORDER BY name",
+        )
         .await?
         .collect()
         .await?;
     println!("MPHF indexes (SF {}):\n{}", args.scale, pretty_format_batches(&stats)?);
 
     let (sep, head) = if args.markdown {
-        ("|", "| query | vanilla ms | mphf ms | speed-up | MphfAggregateExec | same rows |\n|---|---|---|---|---|---|")
+        (
+            "|",
+            "| query | vanilla ms | mphf ms | speed-up | MphfAggregateExec | same rows |\n|---|---|---|---|---|---|",
+        )
     } else {
         ("", "")
     };
@@ -189,7 +208,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let q_vanilla = if q_vanilla.is_empty() { q_mphf } else { q_vanilla };
         let (tv, rv) = time_query(async || Ok(vanilla.sql(q_vanilla).await?.collect().await?), args.runs).await?;
         let (tm, rm) = time_query(async || Ok(mphf.sql(q_mphf).await?.collect().await?), args.runs).await?;
-        let operator = if uses_mphf(&mphf, q_mphf).await? { "mphf" } else { "hash" };
+        let operator = if uses_mphf(&mphf, q_mphf).await? {
+            "mphf"
+        } else {
+            "hash"
+        };
         let same = rv == rm;
         if !same {
             mismatches += 1;
@@ -197,9 +220,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         }
         let same = if same { "yes" } else { "NO" };
         if args.markdown {
-            println!("{sep} {label} {sep} {tv:.1} {sep} {tm:.1} {sep} {:.2}× {sep} {operator} {sep} {same} {sep}", tv / tm);
+            println!(
+                "{sep} {label} {sep} {tv:.1} {sep} {tm:.1} {sep} {:.2}× {sep} {operator} {sep} {same} {sep}",
+                tv / tm
+            );
         } else {
-            println!("{label:<28} {tv:>11.1} {tm:>11.1} {:>8.2}x  {operator:<8} {same}", tv / tm);
+            println!(
+                "{label:<28} {tv:>11.1} {tm:>11.1} {:>8.2}x  {operator:<8} {same}",
+                tv / tm
+            );
         }
     }
     if mismatches > 0 {

@@ -90,7 +90,10 @@ fn block_on(job: impl std::future::Future<Output = anyhow::Result<()>>) -> Resul
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|err| CliError::Io { path: PathBuf::from("<tokio runtime>"), err })?;
+        .map_err(|err| CliError::Io {
+            path: PathBuf::from("<tokio runtime>"),
+            err,
+        })?;
     runtime.block_on(job).map_err(CliError::Other)
 }
 

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context as _, Result};
-use clap::{Args, ValueEnum};
 use ::datafusion::arrow::array::RecordBatch;
 use ::datafusion::arrow::util::pretty::pretty_format_batches;
 use ::datafusion::dataframe::DataFrame;
 use ::datafusion::prelude::{ParquetReadOptions, SessionContext};
+use anyhow::{anyhow, Context as _, Result};
+use clap::{Args, ValueEnum};
 
 use crate::datafusion::statements::split_statements;
 use crate::datafusion::MphfContext;
@@ -85,7 +85,9 @@ pub fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
     match format {
         Format::Table => println!("{}", pretty_format_batches(batches)?),
         Format::Csv => {
-            let mut w = ::datafusion::arrow::csv::WriterBuilder::new().with_header(true).build(stdout.lock());
+            let mut w = ::datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(stdout.lock());
             for b in batches {
                 w.write(b)?;
             }
@@ -162,14 +164,23 @@ async fn shell(session: &Session, args: &SqlArgs) -> Result<()> {
 /// # Errors
 /// The first failing statement (with `-c` / `-f`), bad `--table` values, I/O errors.
 pub async fn run(args: SqlArgs) -> Result<()> {
-    let session = if args.no_mphf { Session::Plain(SessionContext::new()) } else { Session::Mphf(MphfContext::new()) };
+    let session = if args.no_mphf {
+        Session::Plain(SessionContext::new())
+    } else {
+        Session::Mphf(MphfContext::new())
+    };
     if let (Some(dir), Session::Mphf(_)) = (&args.index_dir, &session) {
         let dir = dir.display().to_string().replace('\'', "''");
         session.sql(&format!("SET mphf.index_dir = '{dir}'")).await?;
     }
     for t in &args.tables {
-        let (name, path) = t.split_once('=').ok_or_else(|| anyhow!("--table expects NAME=PATH, got '{t}'"))?;
-        session.register_parquet(name, path).await.with_context(|| format!("registering {name} from {path}"))?;
+        let (name, path) = t
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--table expects NAME=PATH, got '{t}'"))?;
+        session
+            .register_parquet(name, path)
+            .await
+            .with_context(|| format!("registering {name} from {path}"))?;
     }
     let mut statements: Vec<String> = args.commands.clone();
     for f in &args.files {
@@ -180,7 +191,9 @@ pub async fn run(args: SqlArgs) -> Result<()> {
         return shell(&session, &args).await;
     }
     for s in &statements {
-        run_statement(&session, s, &args).await.with_context(|| format!("in statement: {s}"))?;
+        run_statement(&session, s, &args)
+            .await
+            .with_context(|| format!("in statement: {s}"))?;
     }
     Ok(())
 }

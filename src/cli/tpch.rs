@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
 
+use ::datafusion::arrow::array::RecordBatch;
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
-use ::datafusion::arrow::array::RecordBatch;
 use indicatif::{ProgressBar, ProgressStyle};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
@@ -48,7 +48,11 @@ fn base_rows(table: &str) -> f64 {
 
 /// Generates one table into `path`; returns its row count.
 fn write_table(table: &str, sf: f64, threads: usize, path: &std::path::Path, pb: &ProgressBar) -> Result<u64> {
-    let parts = if matches!(table, "region" | "nation") { 1 } else { threads.max(1) };
+    let parts = if matches!(table, "region" | "nation") {
+        1
+    } else {
+        threads.max(1)
+    };
     let schema = table_part(table, sf, 1, parts as i32)?.0;
     let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
@@ -103,8 +107,20 @@ pub fn run(args: TpchArgs) -> Result<()> {
         args.tables.iter().map(String::as_str).collect()
     };
     std::fs::create_dir_all(&args.output).with_context(|| format!("creating {}", args.output.display()))?;
-    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let total: f64 = tables.iter().map(|t| base_rows(t) * if matches!(*t, "region" | "nation") { 1.0 } else { args.scale }).sum();
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let total: f64 = tables
+        .iter()
+        .map(|t| {
+            base_rows(t)
+                * if matches!(*t, "region" | "nation") {
+                    1.0
+                } else {
+                    args.scale
+                }
+        })
+        .sum();
     let pb = ProgressBar::new(total as u64);
     pb.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {human_pos}/{human_len} rows ({per_sec}, {eta})")
@@ -122,8 +138,17 @@ pub fn run(args: TpchArgs) -> Result<()> {
     pb.finish_and_clear();
     for (t, rows, path) in &summary {
         let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        eprintln!("{t:>10}: {rows:>10} rows, {:>8.1} MiB  {}", bytes as f64 / (1 << 20) as f64, path.display());
+        eprintln!(
+            "{t:>10}: {rows:>10} rows, {:>8.1} MiB  {}",
+            bytes as f64 / (1 << 20) as f64,
+            path.display()
+        );
     }
-    eprintln!("TPC-H SF {} written to {} in {:.1} s", args.scale, args.output.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "TPC-H SF {} written to {} in {:.1} s",
+        args.scale,
+        args.output.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

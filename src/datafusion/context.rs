@@ -268,7 +268,11 @@ impl MphfContext {
     async fn strip_inherited_labels(&self, table: &TableName) -> Result<()> {
         let provider = self.ctx.table_provider(table.reference.clone()).await?;
         if provider.downcast_ref::<MphfTable>().is_some()
-            || !provider.schema().fields().iter().any(|f| super::table::has_index_label(f))
+            || !provider
+                .schema()
+                .fields()
+                .iter()
+                .any(|f| super::table::has_index_label(f))
         {
             return Ok(());
         }

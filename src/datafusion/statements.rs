@@ -197,7 +197,9 @@ pub fn classify(sql: &str) -> Result<Option<MphfStatement>> {
                 let names = names.iter().map(table_name).collect::<Result<Vec<_>>>()?;
                 Ok(Some(MphfStatement::DropTable(names)))
             }
-            Statement::CreateTable(ct) if ct.query.is_some() => Ok(Some(MphfStatement::CreateTableAs(table_name(&ct.name)?))),
+            Statement::CreateTable(ct) if ct.query.is_some() => {
+                Ok(Some(MphfStatement::CreateTableAs(table_name(&ct.name)?)))
+            }
             _ => Ok(None),
         },
         DFStatement::CreateExternalTable(c) => Ok(Some(MphfStatement::CreateExternalTable(table_name(&c.name)?))),

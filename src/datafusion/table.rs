@@ -261,12 +261,20 @@ impl ExecutionPlan for MphfRelabelExec {
             // Not `with_schema`: it refuses to change metadata that the input already carries.
             let batch = batch?;
             let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-            Ok(RecordBatch::try_new_with_options(Arc::clone(&schema), batch.columns().to_vec(), &options)?)
+            Ok(RecordBatch::try_new_with_options(
+                Arc::clone(&schema),
+                batch.columns().to_vec(),
+                &options,
+            )?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, relabeled)))
     }
 
-    fn statistics_from_inputs(&self, input_stats: &[Arc<Statistics>], _args: &StatisticsArgs) -> Result<Arc<Statistics>> {
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
         // Relabeling changes field metadata only: the input's statistics hold as they are.
         match input_stats.first() {
             Some(stats) => Ok(Arc::clone(stats)),

@@ -28,9 +28,9 @@ use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use ::datafusion::arrow::buffer::BooleanBuffer;
 use ::datafusion::arrow::compute::{concat, filter};
 use ::datafusion::arrow::row::{RowConverter, SortField};
+use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, DataFusionError, Result};
-use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::execution::memory_pool::MemoryConsumer;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::EmitTo;
@@ -114,7 +114,10 @@ impl MphfMergedAggregateExec {
         let index = Arc::clone(&self.index);
         let context = Arc::clone(context);
         let metrics = self.metrics.clone();
-        let key_type = ExecutionPlan::schema(self.final_agg.as_ref()).field(0).data_type().clone();
+        let key_type = ExecutionPlan::schema(self.final_agg.as_ref())
+            .field(0)
+            .data_type()
+            .clone();
         let fut = async move {
             let inputs = partial.input().output_partitioning().partition_count();
             let mut tasks = Vec::with_capacity(inputs);
@@ -131,7 +134,12 @@ impl MphfMergedAggregateExec {
                         reservation.try_resize(groups.size())?;
                     }
                     let out = groups.into_partial(&key_type)?;
-                    let bytes = out.states.iter().chain(&out.fallback_states).map(|a| a.get_array_memory_size()).sum::<usize>()
+                    let bytes = out
+                        .states
+                        .iter()
+                        .chain(&out.fallback_states)
+                        .map(|a| a.get_array_memory_size())
+                        .sum::<usize>()
                         + out.slots.capacity() * 8;
                     reservation.try_resize(bytes)?;
                     Ok::<_, DataFusionError>(PartialSlots {
@@ -185,7 +193,12 @@ fn merge_range(
         .iter()
         .map(groups_accumulator)
         .collect::<Result<Vec<_>>>()?;
-    let widths: Vec<usize> = exec.partial.aggr_expr().iter().map(|a| a.state_fields().map(|f| f.len())).collect::<Result<_>>()?;
+    let widths: Vec<usize> = exec
+        .partial
+        .aggr_expr()
+        .iter()
+        .map(|a| a.state_fields().map(|f| f.len()))
+        .collect::<Result<_>>()?;
     let n_range = hi - lo;
     let mut touched = vec![false; n_range];
     let mut fallback = std::collections::HashMap::<Box<[u8]>, usize>::new();

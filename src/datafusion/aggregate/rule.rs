@@ -20,6 +20,7 @@
 //!   DataFusion's vectorized hashing costs 25–50 ns per row: one query per row loses
 //!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
 //!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md.
+//!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
 use std::sync::Arc;
@@ -30,9 +31,9 @@ use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
+use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
-use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 
