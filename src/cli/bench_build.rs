@@ -38,6 +38,9 @@ pub struct BenchBuildArgs {
     /// the first run); 0 disables.
     #[arg(long, default_value_t = 120.0)]
     pub max_build_secs: f64,
+    /// Device of the RecSplit builds: auto, cpu or gpu (the peers always run on the CPU).
+    #[arg(long, default_value_t = crate::device::Device::Cpu)]
+    pub device: crate::device::Device,
 }
 
 /// One row of the result table.
@@ -107,7 +110,12 @@ pub fn run(args: &BenchBuildArgs) -> anyhow::Result<Vec<BenchRow>> {
                     let mut builds = Vec::new();
                     let mut mphf = None;
                     for _ in 0..args.runs {
-                        let (m, secs) = time(|| Builder::new(params).build(&keys));
+                        let (solver, notice) = crate::device::solver_for(args.device, n as u64, &params);
+                        if let Some(notice) = notice {
+                            eprintln!("{notice}");
+                        }
+                        let builder = Builder::new(params).solver(solver);
+                        let (m, secs) = time(|| builder.build(&keys));
                         builds.push(secs);
                         mphf = Some(m?);
                         if args.max_build_secs > 0.0 && secs > args.max_build_secs {

@@ -55,9 +55,10 @@ impl std::fmt::Display for BuildSummary {
 /// # Errors
 /// Reading, building or writing failed (see [`CliError`]).
 pub fn run(args: &BuildArgs) -> Result<(), CliError> {
-    let opts = args.params.options()?;
+    args.params.options()?;
     let data = read_column(&args.input.input, &args.input.column)?;
     let non_null: u64 = data.chunks.iter().map(|c| (c.len() - c.null_count()) as u64).sum();
+    let opts = args.params.options_for(non_null)?;
 
     let bar = ProgressBar::with_draw_target(Some(non_null), ProgressDrawTarget::stderr());
     bar.set_style(

@@ -22,6 +22,7 @@ use thiserror::Error;
 
 use crate::core::column::IndexOptions;
 use crate::core::Params;
+use crate::device::Device;
 use crate::error::MphfError;
 
 /// RecSplit minimal perfect hash indexes over Parquet / Arrow columns.
@@ -126,10 +127,28 @@ pub struct ParamArgs {
     /// First hash seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Build device: auto (the GPU when present and the build is large enough), cpu or gpu.
+    #[arg(long, default_value_t = Device::Auto)]
+    pub device: Device,
 }
 
 impl ParamArgs {
-    /// The index options these arguments describe.
+    /// The index options these arguments describe, with the solver of `--device` for `n_keys`
+    /// keys (a notice on stderr when the GPU was asked for and is not usable).
+    ///
+    /// # Errors
+    /// [`MphfError::InvalidParameter`] for ℓ or b out of range, or zero threads.
+    pub fn options_for(&self, n_keys: u64) -> Result<IndexOptions, MphfError> {
+        let mut opts = self.options()?;
+        let (solver, notice) = crate::device::solver_for(self.device, n_keys, &opts.params);
+        if let Some(notice) = notice {
+            eprintln!("{notice}");
+        }
+        opts.solver = solver;
+        Ok(opts)
+    }
+
+    /// The index options these arguments describe (CPU solver).
     ///
     /// # Errors
     /// [`MphfError::InvalidParameter`] for ℓ or b out of range, or zero threads.

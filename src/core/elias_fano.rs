@@ -464,6 +464,33 @@ impl DoubleEliasFano {
         prefetch(self.jump.as_ptr().wrapping_add(base + 2 + pair_idx / 2));
     }
 
+    /// Second prefetch stage for `get(i)`: reads the jump entry (prefetched by
+    /// [`DoubleEliasFano::prefetch`] some time before) and prefetches the upper-array lines the
+    /// two selects will scan: the sampled one's line and the line about `2·rank` bits after it
+    /// (an upper array has about as many zeros as ones). A hint only: any `i` is allowed.
+    #[inline]
+    pub fn prefetch_upper(&self, i: u64) {
+        let ew = entry_words(self.log2_jump) as usize;
+        let base = (i >> self.log2_jump) as usize * ew;
+        let pair_idx = ((i >> LOG2_SAMPLE) & ((1 << (self.log2_jump - LOG2_SAMPLE)) - 1)) as usize;
+        let (Some(&abs_lambda), Some(&abs_psi), Some(&pair)) = (
+            self.jump.get(base),
+            self.jump.get(base + 1),
+            self.jump.get(base + 2 + pair_idx / 2),
+        ) else {
+            return;
+        };
+        let pair = pair >> (32 * (pair_idx % 2));
+        let rank = i & ((1 << LOG2_SAMPLE) - 1);
+        let start_lambda = abs_lambda.wrapping_add(pair & 0xFFFF);
+        let start_psi = abs_psi.wrapping_add((pair >> 16) & 0xFFFF);
+        for (words, start) in [(&self.upper_lambda, start_lambda), (&self.upper_psi, start_psi)] {
+            let first = (start / 64) as usize;
+            prefetch(words.as_ptr().wrapping_add(first));
+            prefetch(words.as_ptr().wrapping_add(((start + 2 * rank + 64) / 64) as usize));
+        }
+    }
+
     /// Size in bits as stored: the four arrays plus the header words written by
     /// [`DoubleEliasFano::write`].
     pub fn size_bits(&self) -> u64 {

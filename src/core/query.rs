@@ -14,8 +14,24 @@ use super::mphf::Mphf;
 use super::rice::RiceCursor;
 use super::tree::{lower_aggr, split_left, upper_aggr};
 
-/// How far ahead the batched query prefetches.
-const DIST: usize = 16;
+/// Ring of in-flight lookups of the batched query (a power of two larger than [`AHEAD_HASH`]).
+const RING: usize = 32;
+/// Stage 1, this many keys ahead: hash, bucket, prefetch the Elias–Fano lower bits and jump entry.
+const AHEAD_HASH: usize = 24;
+/// Stage 2: read the jump entry, prefetch the upper-array lines the selects will scan.
+const AHEAD_UPPER: usize = 16;
+/// Stage 3: decode the bucket's `(λ, λ', σ)`, prefetch the Rice lines the walk starts on.
+const AHEAD_RICE: usize = 8;
+
+/// One in-flight lookup of the batched query.
+#[derive(Clone, Copy, Default)]
+struct InFlight {
+    lo: u64,
+    bucket: u64,
+    cum: u64,
+    size: u64,
+    pos: u64,
+}
 
 impl Mphf {
     /// The value in `0..n` of `key` (n = 0: 0).
@@ -69,26 +85,52 @@ impl Mphf {
             out[..len].fill(0);
             return;
         }
-        let mut ring = [(Hash128::default(), 0u64); DIST];
-        let warm = len.min(DIST);
-        for (i, slot) in ring.iter_mut().enumerate().take(warm) {
-            let h = hash_at(i);
-            let b = bucket_of(h.hi, self.num_buckets);
-            self.ef.prefetch(b);
-            *slot = (h, b);
+        // A software pipeline over the dependent memory accesses of a lookup (EF lower bits and
+        // jump entry → EF upper arrays → Rice bits): each is prefetched one stage before it is
+        // read, so the cache misses of different keys overlap instead of queuing.
+        let mut ring = [InFlight::default(); RING];
+        let stage_hash = |ring: &mut [InFlight; RING], j: usize| {
+            let h = hash_at(j);
+            let bucket = bucket_of(h.hi, self.num_buckets);
+            self.ef.prefetch(bucket);
+            ring[j % RING] = InFlight {
+                lo: h.lo,
+                bucket,
+                ..InFlight::default()
+            };
+        };
+        let stage_upper = |ring: &[InFlight; RING], j: usize| self.ef.prefetch_upper(ring[j % RING].bucket);
+        let stage_rice = |ring: &mut [InFlight; RING], j: usize| {
+            let e = &mut ring[j % RING];
+            let (cum, next, pos) = self.ef.get(e.bucket);
+            let size = next.wrapping_sub(cum);
+            let words = self.rice.words.as_ptr();
+            prefetch(words.wrapping_add((pos / 64) as usize));
+            let fixed = pos + self.memo.skip.get(size as usize).copied().unwrap_or(0) as u64;
+            prefetch(words.wrapping_add((fixed / 64) as usize));
+            (e.cum, e.size, e.pos) = (cum, size, pos);
+        };
+        for j in 0..len.min(AHEAD_HASH) {
+            stage_hash(&mut ring, j);
+        }
+        for j in 0..len.min(AHEAD_UPPER) {
+            stage_upper(&ring, j);
+        }
+        for j in 0..len.min(AHEAD_RICE) {
+            stage_rice(&mut ring, j);
         }
         for i in 0..len {
-            let (h, b) = ring[i % DIST];
-            let ahead = i + DIST;
-            if ahead < len {
-                let h2 = hash_at(ahead);
-                let b2 = bucket_of(h2.hi, self.num_buckets);
-                self.ef.prefetch(b2);
-                ring[i % DIST] = (h2, b2);
+            if i + AHEAD_HASH < len {
+                stage_hash(&mut ring, i + AHEAD_HASH);
             }
-            let (cum, next, pos) = self.ef.get(b);
-            prefetch(self.rice.words.as_ptr().wrapping_add((pos / 64) as usize));
-            out[i] = self.walk(h.lo, cum, next - cum, pos);
+            if i + AHEAD_UPPER < len {
+                stage_upper(&ring, i + AHEAD_UPPER);
+            }
+            if i + AHEAD_RICE < len {
+                stage_rice(&mut ring, i + AHEAD_RICE);
+            }
+            let e = ring[i % RING];
+            out[i] = self.walk(e.lo, e.cum, e.size, e.pos);
         }
     }
 

@@ -27,6 +27,7 @@ enum Backing {
 }
 
 impl Backing {
+    #[inline]
     fn bytes(&self) -> &[u8] {
         match self {
             Backing::Vec(v) => {
@@ -46,6 +47,32 @@ pub struct Words {
     start: usize,
     /// Length in words.
     len: usize,
+    /// The first word (`backing` + `start`), cached so that a deref in the query's hot path is
+    /// a plain slice construction, not a branch on the backing and a pointer chase.
+    ptr: *const u64,
+}
+
+// SAFETY: `ptr` points into the backing, which is immutable and owned through an `Arc` (a
+// `Vec<u64>` or a read-only `Mmap`, both `Send + Sync`); a `Words` only ever reads through it.
+unsafe impl Send for Words {}
+// SAFETY: as above: shared read-only access to immutable memory kept alive by the `Arc`.
+unsafe impl Sync for Words {}
+
+impl Words {
+    /// The view `[start, start+len)` of `backing` (the caller checked the range).
+    fn new(backing: Backing, start: usize, len: usize) -> Words {
+        let bytes = backing.bytes();
+        debug_assert!((start + len) * 8 <= bytes.len());
+        // `start` words lie inside the backing (or start = 0 for an empty one), so the offset
+        // pointer stays within the allocation or one past its end.
+        let ptr = (bytes.as_ptr() as *const u64).wrapping_add(start);
+        Words {
+            backing,
+            start,
+            len,
+            ptr,
+        }
+    }
 }
 
 impl Words {
@@ -70,11 +97,7 @@ impl Words {
             return Err(MphfError::Format("memory map is not 8-byte aligned".into()));
         }
         let len = map.len() / 8;
-        Ok(Words {
-            backing: Backing::Map(Arc::new(map)),
-            start: 0,
-            len,
-        })
+        Ok(Words::new(Backing::Map(Arc::new(map)), 0, len))
     }
 
     /// Copies bytes (whose length must be a multiple of 8) into an owned, aligned array.
@@ -105,11 +128,7 @@ impl Words {
             "slice {start}+{len} out of {} words",
             self.len
         );
-        Words {
-            backing: self.backing.clone(),
-            start: self.start + start,
-            len,
-        }
+        Words::new(self.backing.clone(), self.start + start, len)
     }
 
     /// The words as bytes.
@@ -126,11 +145,7 @@ impl Words {
 impl From<Vec<u64>> for Words {
     fn from(v: Vec<u64>) -> Words {
         let len = v.len();
-        Words {
-            backing: Backing::Vec(Arc::new(v)),
-            start: 0,
-            len,
-        }
+        Words::new(Backing::Vec(Arc::new(v)), 0, len)
     }
 }
 
@@ -138,12 +153,10 @@ impl Deref for Words {
     type Target = [u64];
     #[inline(always)]
     fn deref(&self) -> &[u64] {
-        let bytes = self.backing.bytes();
-        debug_assert!((self.start + self.len) * 8 <= bytes.len());
-        // SAFETY: the range lies inside the backing (checked by every constructor and by
+        // SAFETY: `ptr..ptr+len` lies inside the backing (checked by every constructor and by
         // `slice`), the backing is 8-byte aligned (Vec<u64>, or a map checked in `from_mmap`),
         // and it lives as long as `self` through the Arc.
-        unsafe { std::slice::from_raw_parts((bytes.as_ptr() as *const u64).add(self.start), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 

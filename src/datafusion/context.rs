@@ -30,6 +30,7 @@ use ::datafusion::prelude::{DataFrame, ParquetReadOptions, SessionConfig, Sessio
 
 use crate::core::column::{ColumnIndex, IndexOptions, KeyType};
 use crate::core::Params;
+use crate::device::Device;
 
 use super::config::MphfConfig;
 use super::error::to_df;
@@ -150,6 +151,8 @@ pub struct IndexSpec {
     pub params: Params,
     /// Hash seed.
     pub seed: u64,
+    /// Build device.
+    pub device: Device,
 }
 
 /// A [`SessionContext`] with the MPHF extension and its statements.
@@ -222,6 +225,7 @@ impl MphfContext {
                 if_not_exists,
                 params,
                 seed,
+                device,
             }) => {
                 let spec = IndexSpec {
                     name,
@@ -229,6 +233,7 @@ impl MphfContext {
                     column,
                     params,
                     seed,
+                    device,
                 };
                 self.create_index(spec, if_not_exists).await?;
                 self.ctx.read_empty()
@@ -347,6 +352,7 @@ impl MphfContext {
                 column,
                 params,
                 seed,
+                device: Device::Auto,
             };
             out.push(self.install(spec, true).await?);
         }
@@ -381,6 +387,7 @@ impl MphfContext {
             column,
             params,
             seed,
+            device,
         } = spec;
         let provider = self.ctx.table_provider(table.reference.clone()).await.map_err(|e| {
             DataFusionError::Plan(format!("CREATE INDEX {name}: table '{}' not found ({e})", table.text))
@@ -463,7 +470,7 @@ impl MphfContext {
         let index = match index {
             Some(i) => i,
             None => {
-                let (mut i, runs) = self.build_column(&inner, &column, params, seed).await?;
+                let (mut i, runs) = self.build_column(&inner, &column, params, seed, device).await?;
                 rows_per_run = Some(runs);
                 if let (Some(fp), Some(path)) = (&fp, &saved) {
                     let prov = Provenance {
@@ -509,7 +516,7 @@ impl MphfContext {
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
             ),
-            device: "cpu".to_string(),
+            device: index.device().to_string(),
             build_ms: started.elapsed().as_secs_f64() * 1e3,
             rows_per_run,
             source,
@@ -534,6 +541,7 @@ impl MphfContext {
         column: &str,
         params: Params,
         seed: u64,
+        device: Device,
     ) -> Result<(ColumnIndex, f64)> {
         let df = self
             .ctx
@@ -541,9 +549,15 @@ impl MphfContext {
             .select(vec![Expr::Column(Column::new_unqualified(column))])?;
         let batches = df.collect().await?;
         let chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
+        let rows: usize = chunks.iter().map(|c| c.len()).sum();
+        let (solver, notice) = crate::device::solver_for(device, rows as u64, &params);
+        if let Some(notice) = notice {
+            self.notice(&notice);
+        }
         let opts = IndexOptions {
             params,
             seed,
+            solver,
             ..IndexOptions::default()
         };
         tokio::task::spawn_blocking(move || -> Result<(ColumnIndex, f64)> {

@@ -15,6 +15,7 @@ use ::datafusion::sql::sqlparser::ast::{
 use ::datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use crate::core::Params;
+use crate::device::Device;
 
 /// A table name: its normalized text and the reference DataFusion resolves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +43,8 @@ pub enum MphfStatement {
         params: Params,
         /// Hash seed from `WITH (seed = ...)`.
         seed: u64,
+        /// Build device from `WITH (device = 'auto' | 'cpu' | 'gpu')`.
+        device: Device,
     },
     /// `DROP INDEX`.
     DropIndex {
@@ -108,9 +111,10 @@ fn is_show_indexes(sql: &str) -> bool {
     words == ["SHOW", "MPHF", "INDEXES"]
 }
 
-fn parse_with(with: &[SqlExpr]) -> Result<(Params, u64)> {
+fn parse_with(with: &[SqlExpr]) -> Result<(Params, u64, Device)> {
     let mut params = Params::DEFAULT;
     let mut seed = 0u64;
+    let mut device = Device::Auto;
     for e in with {
         let text = e.to_string();
         let Some((k, v)) = text.split_once('=') else {
@@ -126,12 +130,17 @@ fn parse_with(with: &[SqlExpr]) -> Result<(Params, u64)> {
             "bucket" => params.bucket = v.parse().map_err(|_| bad())?,
             "rotation" => params.rotation = v.parse().map_err(|_| bad())?,
             "seed" => seed = v.parse().map_err(|_| bad())?,
-            _ => return plan_err!("CREATE INDEX ... WITH: unknown option '{k}' (known: leaf, bucket, rotation, seed)"),
+            "device" => device = v.parse().map_err(|e: String| DataFusionError::Plan(format!("CREATE INDEX ... WITH: {e}")))?,
+            _ => {
+                return plan_err!(
+                    "CREATE INDEX ... WITH: unknown option '{k}' (known: leaf, bucket, rotation, seed, device)"
+                )
+            }
         }
     }
     let params = Params::try_new(params.leaf, params.bucket, params.rotation)
         .map_err(|e| DataFusionError::Plan(format!("CREATE INDEX ... WITH: {e}")))?;
-    Ok((params, seed))
+    Ok((params, seed, device))
 }
 
 fn create_index(ci: &CreateIndex) -> Result<MphfStatement> {
@@ -153,11 +162,12 @@ fn create_index(ci: &CreateIndex) -> Result<MphfStatement> {
         },
         cols => return plan_err!("an MPHF index covers exactly one column, got {}", cols.len()),
     };
-    let (params, seed) = parse_with(&ci.with)?;
+    let (params, seed, device) = parse_with(&ci.with)?;
     Ok(MphfStatement::CreateIndex {
         name: single_name(name)?,
         table: table_name(&ci.table_name)?,
         column,
+        device,
         if_not_exists: ci.if_not_exists,
         params,
         seed,
@@ -266,6 +276,7 @@ mod tests {
             if_not_exists,
             params,
             seed,
+            device,
         } = s
         else {
             panic!("{s:?}")
@@ -275,6 +286,7 @@ mod tests {
             ("li_ok", "lineitem", "l_orderkey")
         );
         assert!(if_not_exists);
+        assert_eq!(device, Device::Auto);
         assert_eq!((params.leaf, params.bucket, params.rotation, seed), (6, 50, true, 3));
     }
 

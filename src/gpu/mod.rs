@@ -15,7 +15,6 @@ pub mod kernels;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -24,39 +23,7 @@ pub use build::GpuSolver;
 
 use crate::core::{BucketSolver, Params};
 
-/// Where a build runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Device {
-    /// The GPU when one is usable and [`auto_prefers_gpu`] says it pays off.
-    #[default]
-    Auto,
-    /// Always the CPU.
-    Cpu,
-    /// The GPU (falls back to the CPU with a notice when no GPU is usable).
-    Gpu,
-}
-
-impl FromStr for Device {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Device::Auto),
-            "cpu" => Ok(Device::Cpu),
-            "gpu" => Ok(Device::Gpu),
-            other => Err(format!("unknown device '{other}' (expected auto, cpu or gpu)")),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Device::Auto => "auto",
-            Device::Cpu => "cpu",
-            Device::Gpu => "gpu",
-        })
-    }
-}
+pub use crate::device::Device;
 
 /// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10 (measured on the H200,
 /// benches/RESULTS-gpu.md: (8, 100) is 3.5–5× faster on the GPU from 10^6 keys on; the margin
