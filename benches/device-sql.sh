@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device run (H200 machine, no Rust there): the `mphf` binary's GPU paths and the SQL
+# benchmarks at larger scale. Usage on the device: benches/device-sql.sh BIN OUT_DIR
+# (BIN: a `mphf` built here, stripped and xz-compressed into device-bin/ and carried over).
+set -u
+BIN=${1:?mphf binary}
+OUT=${2:?output dir}
+mkdir -p "$OUT"
+log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nproc > "$OUT/nproc.txt"
+
+log "TPC-H SF 1 parquet"
+"$BIN" tpch --scale 1 --output /tmp/tpch1 --tables lineitem,orders 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
+
+log "mphf build --device cpu|gpu, then lookups through both indexes must be identical"
+for dev in cpu gpu; do
+  for p in "--leaf 8 --bucket 100" "--leaf 12 --bucket 2000 --rotation"; do
+    tag=$(echo "$p" | tr -d ' -')
+    /usr/bin/time -f "%e s" "$BIN" build --input /tmp/tpch1/lineitem.parquet --column l_orderkey $p --device $dev \
+      --output /tmp/li_$dev_$tag.mphf 2>&1 | tee -a "$OUT/summary.txt"
+    mv /tmp/li_$dev_$tag.mphf /tmp/li_${dev}_$tag.mphf 2>/dev/null || true
+  done
+done
+for p in "--leaf 8 --bucket 100" "--leaf 12 --bucket 2000 --rotation"; do
+  tag=$(echo "$p" | tr -d ' -')
+  for dev in cpu gpu; do
+    "$BIN" inspect /tmp/li_${dev}_$tag.mphf > "$OUT/inspect_${dev}_$tag.json" 2>&1
+    "$BIN" lookup --index /tmp/li_${dev}_$tag.mphf --input /tmp/tpch1/orders.parquet --column o_orderkey \
+      --output /tmp/slots_${dev}_$tag.parquet 2>&1 | tail -1
+  done
+  if cmp -s /tmp/slots_cpu_$tag.parquet /tmp/slots_gpu_$tag.parquet; then
+    echo "$tag: CPU and GPU lookups identical" | tee -a "$OUT/summary.txt"
+  else
+    echo "$tag: CPU and GPU lookups DIFFER" | tee -a "$OUT/summary.txt"
+  fi
+done
+
+log "SQL: CREATE INDEX ... WITH (device = 'gpu') vs 'cpu'"
+"$BIN" sql --format csv --table lineitem=/tmp/tpch1/lineitem.parquet \
+  -c "SET mphf.persist = false" \
+  -c "CREATE INDEX g ON lineitem USING mphf (l_orderkey) WITH (device = 'gpu', leaf = 12, bucket = 2000, rotation = true)" \
+  -c "SELECT name, keys, bits_per_key, device FROM mphf_indexes()" \
+  -c "SELECT count(DISTINCT mphf_index(l_orderkey)), max(mphf_index(l_orderkey)) FROM lineitem" 2>&1 | tee -a "$OUT/summary.txt"
+
+log "bench build --device gpu vs cpu, 5e6 keys"
+timeout 240 "$BIN" bench build --device gpu --keys 5000000 --grid 8:100,12:2000,16:2000,18:50 --runs 1 \
+  --only recsplit --queries 200000 --max-build-secs 60 2>&1 | tee "$OUT/bench_build_gpu.md" | tail -12
+timeout 120 "$BIN" bench build --device cpu --keys 5000000 --grid 8:100,12:2000 --runs 1 \
+  --only recsplit --queries 200000 --max-build-secs 60 2>&1 | tee "$OUT/bench_build_cpu.md" | tail -8
+
+log "bench groupby SF 1, 16 partitions"
+timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown 2>&1 | tee "$OUT/groupby_sf1.md" | tail -12
+log "bench groupby SF 10, 16 partitions"
+timeout 300 "$BIN" bench groupby --scale 10 --runs 3 --markdown 2>&1 | tee "$OUT/groupby_sf10.md" | tail -12
+log "done"
