@@ -5,11 +5,13 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
+PART=${3:-all}   # all | build | sf10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc > "$OUT/nproc.txt"
 
+if [ "$PART" != sf10 ]; then
 log "TPC-H SF 1 parquet"
 "$BIN" tpch --scale 1 --output /tmp/tpch1 --tables lineitem,orders 2>&1 | tail -3 | tee -a "$OUT/summary.txt"
 
@@ -18,8 +20,7 @@ for dev in cpu gpu; do
   for p in "--leaf 8 --bucket 100" "--leaf 12 --bucket 2000 --rotation"; do
     tag=$(echo "$p" | tr -d ' -')
     /usr/bin/time -f "%e s" "$BIN" build --input /tmp/tpch1/lineitem.parquet --column l_orderkey $p --device $dev \
-      --output /tmp/li_$dev_$tag.mphf 2>&1 | tee -a "$OUT/summary.txt"
-    mv /tmp/li_$dev_$tag.mphf /tmp/li_${dev}_$tag.mphf 2>/dev/null || true
+      --output "/tmp/li_${dev}_$tag.mphf" 2>&1 | tee -a "$OUT/summary.txt"
   done
 done
 for p in "--leaf 8 --bucket 100" "--leaf 12 --bucket 2000 --rotation"; do
@@ -51,6 +52,9 @@ timeout 120 "$BIN" bench build --device cpu --keys 5000000 --grid 8:100,12:2000 
 
 log "bench groupby SF 1, 16 partitions"
 timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown 2>&1 | tee "$OUT/groupby_sf1.md" | tail -12
+fi
+if [ "$PART" != build ]; then
 log "bench groupby SF 10, 16 partitions"
 timeout 300 "$BIN" bench groupby --scale 10 --runs 3 --markdown 2>&1 | tee "$OUT/groupby_sf10.md" | tail -12
+fi
 log "done"
