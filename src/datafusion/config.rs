@@ -21,6 +21,10 @@ extensions_options! {
         /// Costing: the indexed column's rows per run of equal keys (in table order, measured
         /// at build) must reach this; unclustered keys cost one MPHF query per row and lose.
         pub aggregate_min_rows_per_run: f64, default = 2.0
+        /// Costing: the most slot-array entries (input partitions × slots) per input row, when
+        /// the input's row count is estimated; beyond it, emitting the partials costs more than
+        /// the rows save.
+        pub aggregate_max_slot_entries_per_row: f64, default = 1.0
     }
 }
 

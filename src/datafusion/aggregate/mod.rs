@@ -17,19 +17,20 @@
 //!   DataFusion's final stage merges the partial states by hash.
 //!
 //! # Fast-path conditions (checked by [`MphfAggregateRule`], which otherwise leaves the plan alone)
-//! - mode `Partial`, `Single` or `SinglePartitioned` (the `Final` stage after a `Partial` stays
-//!   DataFusion's: it merges partial states by hash and is always correct);
+//! - mode `Partial`, `Single` or `SinglePartitioned` for the per-partition form; a `Final` /
+//!   `FinalPartitioned` node directly over a repartition or coalesce of such a `Partial` for
+//!   the SlotMerge form;
 //! - exactly one grouping set with one group expression, a `Column` whose input field names a
 //!   live index whose key type equals the column type;
 //! - no aggregate `FILTER`, no ordered aggregates (`ORDER BY` inside the call), no TopK limit,
 //!   no output ordering promised by the replaced node;
-//! - costing: at least [`MIN_SLOTS`] slots (smaller hash tables stay cache resident and DataFusion
-//!   wins), and, when the input row count is known, at least one row per
-//!   [`MAX_SLOTS_PER_ROW`] slots (otherwise emission would scan mostly untouched slots).
+//! - costing (see [`MphfAggregateRule`]'s module): enough slots, a clustered key, and slot
+//!   arrays no larger than the input.
 //!
 //! # Invariants
-//! - Output schema, partitioning and distribution requirements are those of the replaced node
-//!   (it is kept inside and delegated to), so the rest of the plan is untouched.
+//! - Per-partition form: output schema, partitioning and distribution requirements are those of
+//!   the replaced node (it is kept inside and delegated to), so the rest of the plan is
+//!   untouched. SlotMerge: the final node's schema, `UnknownPartitioning` (see `merged`).
 //! - Rows whose key is NULL or not a member of the index are never dropped: they get group
 //!   indices after the slots (`n_slots + k`) through a small row-format hash map, so every
 //!   distinct key value still forms exactly one group per partition. Results therefore equal
@@ -57,7 +58,7 @@ use ::datafusion::physical_plan::{
 };
 
 pub use merged::MphfMergedAggregateExec;
-pub use rule::{MphfAggregateRule, MAX_SLOTS_PER_ROW, MIN_SLOTS};
+pub use rule::{Costing, MphfAggregateRule, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
 use super::registry::IndexHandle;
