@@ -38,6 +38,9 @@ pub struct DemoArgs {
     /// Print the result table as Markdown (for benches/RESULTS.md).
     #[arg(long)]
     pub markdown: bool,
+    /// Also print the MPHF session's `EXPLAIN ANALYZE` of each query (on stderr).
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// (label, MPHF-session query, vanilla-session query). The same text unless the query shows
@@ -213,6 +216,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         } else {
             "hash"
         };
+        if args.explain {
+            let plan = mphf.sql(&format!("EXPLAIN ANALYZE {q_mphf}")).await?.collect().await?;
+            eprintln!("{label}:\n{}", pretty_format_batches(&plan)?);
+        }
         let same = rv == rm;
         if !same {
             mismatches += 1;
