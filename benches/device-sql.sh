@@ -55,6 +55,6 @@ timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown 2>&1 | tee "$OUT/
 fi
 if [ "$PART" != build ]; then
 log "bench groupby SF 10, 16 partitions"
-timeout 300 "$BIN" bench groupby --scale 10 --runs 3 --markdown 2>&1 | tee "$OUT/groupby_sf10.md" | tail -12
+timeout 480 "$BIN" bench groupby --scale 10 --runs 3 --markdown 2>&1 | tee "$OUT/groupby_sf10.md" | tail -12
 fi
 log "done"
