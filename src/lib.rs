@@ -9,11 +9,11 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod core;
-pub mod device;
 /// The DataFusion integration. Work in progress: this module has not compiled yet (see the
 /// open SQL-surface issue); it is kept behind the non-default `datafusion` feature.
 #[cfg(feature = "datafusion")]
 pub mod datafusion;
+pub mod device;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;

@@ -33,7 +33,9 @@ async fn setup(partitions: usize) -> MphfContext {
     ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
     // `k` is not clustered (one row per run): costing would decline; these tests force the operator.
     ctx.sql("SET mphf.aggregate_min_rows_per_run = 0").await.unwrap();
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 1000").await.unwrap();
+    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 1000")
+        .await
+        .unwrap();
     ctx
 }
 
@@ -158,6 +160,8 @@ async fn costing_declines_unclustered_and_small_keys() {
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
     // 2 partitions × 10,000 slots > 40,000 rows × 0.25.
     ctx.sql("SET mphf.aggregate_min_slots = 0").await.unwrap();
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 0.25").await.unwrap();
+    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 0.25")
+        .await
+        .unwrap();
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
 }

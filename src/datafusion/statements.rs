@@ -130,7 +130,11 @@ fn parse_with(with: &[SqlExpr]) -> Result<(Params, u64, Device)> {
             "bucket" => params.bucket = v.parse().map_err(|_| bad())?,
             "rotation" => params.rotation = v.parse().map_err(|_| bad())?,
             "seed" => seed = v.parse().map_err(|_| bad())?,
-            "device" => device = v.parse().map_err(|e: String| DataFusionError::Plan(format!("CREATE INDEX ... WITH: {e}")))?,
+            "device" => {
+                device = v
+                    .parse()
+                    .map_err(|e: String| DataFusionError::Plan(format!("CREATE INDEX ... WITH: {e}")))?
+            }
             _ => {
                 return plan_err!(
                     "CREATE INDEX ... WITH: unknown option '{k}' (known: leaf, bucket, rotation, seed, device)"
