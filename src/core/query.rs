@@ -4,9 +4,10 @@
 //! walks the bucket's tree: at each level it reads one descriptor, hashes once to pick the
 //! child, and skips the fixed bits and unary terminators of the siblings before it (spec §7.5).
 //!
-//! The batched form ([`Mphf::index_batch`]) runs the lookups of a batch as a pipeline, as
-//! PtrHash's streaming queries do: keys `DIST` ahead get their Elias–Fano lines prefetched, so
-//! the cache misses of independent keys overlap instead of queuing.
+//! The batched form ([`Mphf::index_batch`]) runs the lookups of a batch in groups of [`GROUP`]
+//! keys, stage by stage (hash, Elias–Fano, Rice, tree walk), prefetching each stage's lines for
+//! the whole group before reading them, so the cache misses of independent keys overlap instead
+//! of queuing.
 
 use super::bits::prefetch;
 use super::hash::{bucket_of, range_h32, Hash128, Key, SEED_AGG1, SEED_AGG2, SEED_LEAF, START_SEEDS};
@@ -14,14 +15,8 @@ use super::mphf::Mphf;
 use super::rice::RiceCursor;
 use super::tree::{lower_aggr, split_left, upper_aggr};
 
-/// Ring of in-flight lookups of the batched query (a power of two larger than [`AHEAD_HASH`]).
-const RING: usize = 32;
-/// Stage 1, this many keys ahead: hash, bucket, prefetch the Elias–Fano lower bits and jump entry.
-const AHEAD_HASH: usize = 24;
-/// Stage 2: read the jump entry, prefetch the upper-array lines the selects will scan.
-const AHEAD_UPPER: usize = 16;
-/// Stage 3: decode the bucket's `(λ, λ', σ)`, prefetch the Rice lines the walk starts on.
-const AHEAD_RICE: usize = 8;
+/// Keys per group of the batched query (see [`Mphf::index_batch_with`]).
+const GROUP: usize = 128;
 
 /// One in-flight lookup of the batched query.
 #[derive(Clone, Copy, Default)]
@@ -85,52 +80,39 @@ impl Mphf {
             out[..len].fill(0);
             return;
         }
-        // A software pipeline over the dependent memory accesses of a lookup (EF lower bits and
-        // jump entry → EF upper arrays → Rice bits): each is prefetched one stage before it is
-        // read, so the cache misses of different keys overlap instead of queuing.
-        let mut ring = [InFlight::default(); RING];
-        let stage_hash = |ring: &mut [InFlight; RING], j: usize| {
-            let h = hash_at(j);
-            let bucket = bucket_of(h.hi, self.num_buckets);
-            self.ef.prefetch(bucket);
-            ring[j % RING] = InFlight {
-                lo: h.lo,
-                bucket,
-                ..InFlight::default()
-            };
-        };
-        let stage_upper = |ring: &[InFlight; RING], j: usize| self.ef.prefetch_upper(ring[j % RING].bucket);
-        let stage_rice = |ring: &mut [InFlight; RING], j: usize| {
-            let e = &mut ring[j % RING];
-            let (cum, next, pos) = self.ef.get(e.bucket);
-            let size = next.wrapping_sub(cum);
+        // Wide batches: each dependent memory access of a lookup (EF lower bits and jump entry
+        // → EF upper arrays → Rice bits) is prefetched for a whole group of keys before any of
+        // them is read, so the cache misses of the group overlap instead of queuing. The group's
+        // lines (about five per key) stay within L2.
+        let mut group = [InFlight::default(); GROUP];
+        for start in (0..len).step_by(GROUP) {
+            let n = GROUP.min(len - start);
+            let group = &mut group[..n];
+            for (j, e) in group.iter_mut().enumerate() {
+                let h = hash_at(start + j);
+                let bucket = bucket_of(h.hi, self.num_buckets);
+                self.ef.prefetch(bucket);
+                *e = InFlight {
+                    lo: h.lo,
+                    bucket,
+                    ..InFlight::default()
+                };
+            }
+            for e in group.iter() {
+                self.ef.prefetch_upper(e.bucket);
+            }
             let words = self.rice.words.as_ptr();
-            prefetch(words.wrapping_add((pos / 64) as usize));
-            let fixed = pos + self.memo.skip.get(size as usize).copied().unwrap_or(0) as u64;
-            prefetch(words.wrapping_add((fixed / 64) as usize));
-            (e.cum, e.size, e.pos) = (cum, size, pos);
-        };
-        for j in 0..len.min(AHEAD_HASH) {
-            stage_hash(&mut ring, j);
-        }
-        for j in 0..len.min(AHEAD_UPPER) {
-            stage_upper(&ring, j);
-        }
-        for j in 0..len.min(AHEAD_RICE) {
-            stage_rice(&mut ring, j);
-        }
-        for i in 0..len {
-            if i + AHEAD_HASH < len {
-                stage_hash(&mut ring, i + AHEAD_HASH);
+            for e in group.iter_mut() {
+                let (cum, next, pos) = self.ef.get(e.bucket);
+                let size = next.wrapping_sub(cum);
+                prefetch(words.wrapping_add((pos / 64) as usize));
+                let fixed = pos + self.memo.skip.get(size as usize).copied().unwrap_or(0) as u64;
+                prefetch(words.wrapping_add((fixed / 64) as usize));
+                (e.cum, e.size, e.pos) = (cum, size, pos);
             }
-            if i + AHEAD_UPPER < len {
-                stage_upper(&ring, i + AHEAD_UPPER);
+            for (j, e) in group.iter().enumerate() {
+                out[start + j] = self.walk(e.lo, e.cum, e.size, e.pos);
             }
-            if i + AHEAD_RICE < len {
-                stage_rice(&mut ring, i + AHEAD_RICE);
-            }
-            let e = ring[i % RING];
-            out[i] = self.walk(e.lo, e.cum, e.size, e.pos);
         }
     }
 

@@ -1,16 +1,19 @@
 //! [`SlotGroups`]: the accumulation state of one input partition, with MPHF slots as group
 //! indices. Shared by the per-partition stream and the slot-range merge.
 //!
-//! Group indices: slot `s` of the index is group `s`; the `k`-th distinct key that is NULL or
-//! absent from the index is group `n_slots + k` (row-format hash map: every distinct key value
-//! forms exactly one group, so results equal vanilla DataFusion's even for a stale index).
+//! Group indices are compact: the first row of slot `s` gives it the next free group id, kept in
+//! `group_of_slot[s]` (a direct-addressed array, no hashing), so the accumulators grow with the
+//! slots this partition touches, not with the index (16 partitions over a clustered key each
+//! touch a sixteenth). A key that is NULL or absent from the index gets a group through a
+//! row-format hash map (every distinct key value forms exactly one group, so results equal
+//! vanilla DataFusion's even for a stale index). Emission orders the groups by slot, fallback
+//! groups last.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use ::datafusion::arrow::buffer::BooleanBuffer;
-use ::datafusion::arrow::compute::{cast, concat, filter};
+use ::datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use ::datafusion::arrow::compute::{cast, concat, take};
 use ::datafusion::arrow::datatypes::{DataType, SchemaRef};
 use ::datafusion::arrow::row::{RowConverter, SortField};
 use ::datafusion::common::{DataFusionError, Result};
@@ -24,6 +27,9 @@ use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Metri
 use super::{FALLBACK_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::column::ABSENT;
 use crate::datafusion::registry::IndexHandle;
+
+/// `group_of_slot` value of a slot that has no group yet.
+const NO_GROUP: u32 = u32::MAX;
 
 /// A `GroupsAccumulator` for `expr`: its own, or the row-accumulator adapter.
 pub(super) fn groups_accumulator(expr: &Arc<AggregateFunctionExpr>) -> Result<Box<dyn GroupsAccumulator>> {
@@ -84,8 +90,10 @@ pub(super) struct SlotGroups {
     args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
     accs: Vec<Box<dyn GroupsAccumulator>>,
     n_slots: usize,
-    /// `touched[s]`: slot `s` received a row (allocated on the first row).
-    touched: Vec<bool>,
+    /// Group of slot `s`, or `NO_GROUP` (allocated on the first row).
+    group_of_slot: Vec<u32>,
+    /// What each group is: a slot (`< n_slots`), or `n_slots + k` for the `k`-th fallback key.
+    origin: Vec<usize>,
     /// Row-format key -> fallback group number.
     fallback: HashMap<Box<[u8]>, usize>,
     /// Fallback keys in group order (row format).
@@ -116,7 +124,8 @@ impl SlotGroups {
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             accs,
             n_slots,
-            touched: Vec::new(),
+            group_of_slot: Vec::new(),
+            origin: Vec::new(),
             fallback: HashMap::new(),
             fallback_keys: Vec::new(),
             converter: RowConverter::new(vec![SortField::new(key_type)])?,
@@ -130,7 +139,8 @@ impl SlotGroups {
     /// Bytes held (for the memory pool).
     pub(super) fn size(&self) -> usize {
         self.accs.iter().map(|a| a.size()).sum::<usize>()
-            + self.touched.capacity()
+            + self.group_of_slot.capacity() * 4
+            + self.origin.capacity() * 8
             + self.fallback_keys.iter().map(|k| 2 * k.len() + 48).sum::<usize>()
             + self.slots.capacity() * 8
             + self.groups.capacity() * 8
@@ -143,8 +153,8 @@ impl SlotGroups {
             return Ok(());
         }
         self.metrics.input_rows.add(rows);
-        if self.touched.is_empty() {
-            self.touched = vec![false; self.n_slots];
+        if self.group_of_slot.is_empty() {
+            self.group_of_slot = vec![NO_GROUP; self.n_slots];
         }
         {
             let _timer = self.metrics.lookup_time.timer();
@@ -165,8 +175,13 @@ impl SlotGroups {
             for (i, &slot) in self.slots.iter().enumerate() {
                 if slot != ABSENT {
                     let s = slot as usize;
-                    self.touched[s] = true;
-                    self.groups.push(s);
+                    let mut g = self.group_of_slot[s];
+                    if g == NO_GROUP {
+                        g = self.origin.len() as u32;
+                        self.group_of_slot[s] = g;
+                        self.origin.push(s);
+                    }
+                    self.groups.push(g as usize);
                 } else {
                     let converted = match &key_rows {
                         Some(r) => r,
@@ -177,19 +192,25 @@ impl SlotGroups {
                     let group = match self.fallback.get(bytes) {
                         Some(&g) => g,
                         None => {
-                            let g = self.fallback_keys.len();
+                            let g = self.origin.len();
                             let owned: Box<[u8]> = bytes.into();
                             self.fallback.insert(owned.clone(), g);
+                            self.origin.push(self.n_slots + self.fallback_keys.len());
                             self.fallback_keys.push(owned);
                             g
                         }
                     };
                     self.metrics.fallback_rows.add(1);
-                    self.groups.push(self.n_slots + group);
+                    self.groups.push(group);
                 }
             }
         }
-        let total = self.n_slots + self.fallback_keys.len();
+        if self.origin.len() > u32::MAX as usize - 1 {
+            return Err(DataFusionError::ResourcesExhausted(
+                "MphfAggregateExec: more than 2^32 - 1 groups in one partition".into(),
+            ));
+        }
+        let total = self.origin.len();
         let _timer = self.metrics.aggregation_time.timer();
         for (acc, exprs) in self.accs.iter_mut().zip(&self.args) {
             let values = exprs
@@ -213,6 +234,15 @@ impl SlotGroups {
         Ok(Some(cast_to(keys, key_type)?))
     }
 
+    /// Group ids ordered by slot, fallback groups last (their `origin` order), and how many of
+    /// them are slots.
+    fn emission_order(&self) -> (UInt32Array, usize) {
+        let mut order: Vec<u32> = (0..self.origin.len() as u32).collect();
+        order.sort_unstable_by_key(|&g| self.origin[g as usize]);
+        let n_touched = self.origin.len() - self.fallback_keys.len();
+        (UInt32Array::from(order), n_touched)
+    }
+
     /// The single result batch: touched slots in slot order, then fallback groups; final values
     /// when `final_output`, else partial states.
     pub(super) fn emit(&mut self, schema: &SchemaRef, final_output: bool) -> Result<RecordBatch> {
@@ -220,30 +250,32 @@ impl SlotGroups {
         if !self.seen_rows {
             return Ok(RecordBatch::new_empty(Arc::clone(schema)));
         }
-        let n_fallback = self.fallback_keys.len();
-        let mut mask: Vec<bool> = std::mem::take(&mut self.touched);
-        self.metrics.slots_touched.add(mask.iter().filter(|&&t| t).count());
-        let slot_mask = BooleanArray::new(BooleanBuffer::from(mask.as_slice()), None);
-        mask.extend(std::iter::repeat_n(true, n_fallback));
-        let mask = BooleanArray::new(BooleanBuffer::from(mask), None);
-
+        let (order, n_touched) = self.emission_order();
+        self.metrics.slots_touched.add(n_touched);
+        let slots = UInt64Array::from_iter_values(
+            order.values()[..n_touched]
+                .iter()
+                .map(|&g| self.origin[g as usize] as u64),
+        );
         let key_type = schema.field(0).data_type();
-        let mut key = cast_to(filter(self.index.index().keys().as_ref(), &slot_mask)?, key_type)?;
+        let mut key = cast_to(take(self.index.index().keys().as_ref(), &slots, None)?, key_type)?;
         if let Some(fb) = self.fallback_key_array(key_type)? {
             key = concat(&[key.as_ref(), fb.as_ref()])?;
         }
         let mut columns = vec![key];
         for acc in &mut self.accs {
             if final_output {
-                columns.push(filter(acc.evaluate(EmitTo::All)?.as_ref(), &mask)?);
+                columns.push(take(acc.evaluate(EmitTo::All)?.as_ref(), &order, None)?);
             } else {
                 for state in acc.state(EmitTo::All)? {
-                    columns.push(filter(state.as_ref(), &mask)?);
+                    columns.push(take(state.as_ref(), &order, None)?);
                 }
             }
         }
         self.fallback.clear();
         self.fallback_keys.clear();
+        self.origin.clear();
+        self.group_of_slot = Vec::new();
         // Columns may differ from the schema only in nullability flags / metadata of state fields.
         Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
     }
@@ -260,17 +292,20 @@ impl SlotGroups {
                 _reservation: None,
             });
         }
-        let n_slots = self.n_slots;
-        let n_fallback = self.fallback_keys.len();
-        let slots: Vec<usize> = (0..n_slots).filter(|&s| self.touched[s]).collect();
-        let slot_mask = BooleanArray::new(BooleanBuffer::from(self.touched.as_slice()), None);
+        let (order, n_touched) = self.emission_order();
+        let slots: Vec<usize> = order.values()[..n_touched]
+            .iter()
+            .map(|&g| self.origin[g as usize])
+            .collect();
+        let slot_order = order.slice(0, n_touched);
+        let fallback_order = order.slice(n_touched, order.len() - n_touched);
         let fallback_keys = self.fallback_key_array(key_type)?;
         let mut states = Vec::new();
         let mut fallback_states = Vec::new();
         for acc in &mut self.accs {
             for state in acc.state(EmitTo::All)? {
-                states.push(filter(state.slice(0, n_slots).as_ref(), &slot_mask)?);
-                fallback_states.push(state.slice(n_slots, n_fallback));
+                states.push(take(state.as_ref(), &slot_order, None)?);
+                fallback_states.push(take(state.as_ref(), &fallback_order, None)?);
             }
         }
         Ok(PartialSlots {
