@@ -326,15 +326,8 @@ impl ExecutionPlan for MphfMergedAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return internal_err!("MphfAggregateExec takes one child, got {}", children.len());
-        }
-        let inner = Arc::clone(&self.partial).replace_children(children, options)?;
-        let Some(partial) = inner.downcast_ref::<AggregateExec>() else {
-            return internal_err!("MphfAggregateExec: the replaced aggregate changed type");
-        };
         Ok(Arc::new(Self::new(
-            Arc::new(partial.clone()),
+            super::with_new_input(&self.partial, children, options)?,
             Arc::clone(&self.final_agg),
             Arc::clone(&self.index),
             self.properties.output_partitioning().partition_count(),

@@ -68,6 +68,23 @@ pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
 /// Counter of rows whose key was NULL or not in the index (hash fallback).
 pub const FALLBACK_ROWS_METRIC_NAME: &str = "fallback_rows";
 
+/// `agg` over the single new child in `children` (both forms keep the replaced aggregate
+/// inside and rebuild it when the plan's children change).
+fn with_new_input(
+    agg: &Arc<AggregateExec>,
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    options: ReplaceChildrenOptions,
+) -> Result<Arc<AggregateExec>> {
+    if children.len() != 1 {
+        return internal_err!("MphfAggregateExec takes one child, got {}", children.len());
+    }
+    let inner = Arc::clone(agg).replace_children(children, options)?;
+    let Some(agg) = inner.downcast_ref::<AggregateExec>() else {
+        return internal_err!("MphfAggregateExec: the replaced aggregate changed type");
+    };
+    Ok(Arc::new(agg.clone()))
+}
+
 /// An aggregation whose group indices are MPHF slots (see the module docs).
 #[derive(Debug)]
 pub struct MphfAggregateExec {
@@ -183,14 +200,7 @@ impl ExecutionPlan for MphfAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 1 {
-            return internal_err!("MphfAggregateExec takes one child, got {}", children.len());
-        }
-        let inner = Arc::clone(&self.agg).replace_children(children, options)?;
-        let Some(agg) = inner.downcast_ref::<AggregateExec>() else {
-            return internal_err!("MphfAggregateExec: the replaced aggregate changed type");
-        };
-        let agg = Arc::new(agg.clone());
+        let agg = with_new_input(&self.agg, children, options)?;
         Ok(Arc::new(Self::new(agg, Arc::clone(&self.index))))
     }
 
