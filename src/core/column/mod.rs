@@ -175,6 +175,8 @@ fn value_type(dt: &DataType) -> &DataType {
 /// Rows per block of the lookup: the batched query of a block, then its verification, stay in
 /// L1/L2 (8 KiB of slots).
 const LOOKUP_BLOCK: usize = 1024;
+/// How many rows ahead the verification prefetches `keys[slot]`.
+const VERIFY_AHEAD: usize = 8;
 /// Keys per parallel task when placing the distinct keys at their slots.
 const PLACE_CHUNK: usize = 1 << 16;
 
@@ -249,14 +251,12 @@ impl PairFn for ProbeFn<'_> {
             let queried = &mut head_slots[..heads.len()];
             self.mphf
                 .index_batch_with(heads.len(), |j| probe.hash_at(base + heads[j] as usize, seed), queried);
-            // The stored keys of all slots of the block are prefetched before any is compared:
-            // random lines, so their misses overlap (the block's lines fit in L2).
-            for &s in queried.iter() {
-                if s < len {
-                    keys.prefetch_at(s as usize);
-                }
-            }
             for j in 0..heads.len() {
+                if let Some(&ahead) = queried.get(j + VERIFY_AHEAD) {
+                    if ahead < len {
+                        keys.prefetch_at(ahead as usize);
+                    }
+                }
                 let row = base + heads[j] as usize;
                 let s = queried[j];
                 if !(valid(row) && s < len && keys.eq_at(s as usize, probe, row)) {

@@ -234,12 +234,15 @@ impl SlotGroups {
         Ok(Some(cast_to(keys, key_type)?))
     }
 
-    /// Group ids ordered by slot, fallback groups last (their `origin` order), and how many of
-    /// them are slots.
+    /// Group ids ordered by slot, fallback groups last (in their order of appearance), and how
+    /// many of them are slots. A scan of `group_of_slot` lists the slot groups already sorted.
     fn emission_order(&self) -> (UInt32Array, usize) {
-        let mut order: Vec<u32> = (0..self.origin.len() as u32).collect();
-        order.sort_unstable_by_key(|&g| self.origin[g as usize]);
-        let n_touched = self.origin.len() - self.fallback_keys.len();
+        let mut order: Vec<u32> = Vec::with_capacity(self.origin.len());
+        order.extend(self.group_of_slot.iter().copied().filter(|&g| g != NO_GROUP));
+        let n_touched = order.len();
+        order.extend(
+            (0..self.origin.len() as u32).filter(|&g| self.origin[g as usize] >= self.n_slots),
+        );
         (UInt32Array::from(order), n_touched)
     }
 
