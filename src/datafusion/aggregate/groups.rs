@@ -240,9 +240,7 @@ impl SlotGroups {
         let mut order: Vec<u32> = Vec::with_capacity(self.origin.len());
         order.extend(self.group_of_slot.iter().copied().filter(|&g| g != NO_GROUP));
         let n_touched = order.len();
-        order.extend(
-            (0..self.origin.len() as u32).filter(|&g| self.origin[g as usize] >= self.n_slots),
-        );
+        order.extend((0..self.origin.len() as u32).filter(|&g| self.origin[g as usize] >= self.n_slots));
         (UInt32Array::from(order), n_touched)
     }
 
