@@ -7,7 +7,7 @@
 //! process. `control substitution on` gives `$__TEST_DIR__`, a fresh temporary folder per file.
 //!
 //! Every `SELECT` / `WITH` query runs twice: as written, then with `mphf.enable_aggregate =
-//! false` (vanilla DataFusion operators); the sorted rows must be equal, so each query of the
+//! false` and `mphf.enable_join = false` (vanilla DataFusion operators); the sorted rows must be equal, so each query of the
 //! suite is checked against vanilla DataFusion on the same data, whatever its expected block says.
 //!
 //! Usage: `cargo test --test sqllogictests [-- [--complete] [FILTER...]]`. `--complete` rewrites
@@ -121,14 +121,16 @@ impl AsyncDB for MphfDb {
         if let DBOutput::Rows { rows, .. } = &output {
             if is_query(sql) {
                 self.ctx.sql("SET mphf.enable_aggregate = false").await?;
+                self.ctx.sql("SET mphf.enable_join = false").await?;
                 let vanilla = self.query(sql).await;
                 self.ctx.sql("SET mphf.enable_aggregate = true").await?;
+                self.ctx.sql("SET mphf.enable_join = true").await?;
                 let DBOutput::Rows { rows: vanilla, .. } = vanilla? else {
                     return Err(DataFusionError::Execution("vanilla run returned no rows".into()));
                 };
                 if sorted(rows) != sorted(&vanilla) {
                     return Err(DataFusionError::Execution(format!(
-                        "rows differ from vanilla DataFusion (mphf.enable_aggregate = false):\n\
+                        "rows differ from vanilla DataFusion (mphf.enable_aggregate = false, mphf.enable_join = false):\n\
                          with MPHF: {rows:?}\nvanilla:   {vanilla:?}"
                     )));
                 }
@@ -186,6 +188,8 @@ fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     // cross-check (see the module docs) covers the operator even on small tables.
     let mut mphf_options = MphfConfig::default();
     mphf_options.aggregate_min_slots = 0;
+    mphf_options.join_min_slots = 0;
+    mphf_options.join_yield_to_array_map = false;
     mphf_options.aggregate_min_rows_per_run = 0.0;
     mphf_options.aggregate_max_slot_entries_per_row = f64::INFINITY;
     let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));

@@ -25,6 +25,12 @@ extensions_options! {
         /// the input's row count is estimated; beyond it, emitting the partials costs more than
         /// the rows save.
         pub aggregate_max_slot_entries_per_row: f64, default = 1.0
+        /// Replace hash joins by `MphfJoinExec` when the build side's join key is indexed.
+        pub enable_join: bool, default = true
+        /// Costing: joins on indexes with fewer slots stay hash joins (cache-resident tables).
+        pub join_min_slots: u64, default = 4096
+        /// Costing: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
+        pub join_yield_to_array_map: bool, default = true
     }
 }
 

@@ -71,7 +71,9 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
             Arc::new(IndexListFunc { registry }),
         )),
     );
-    builder.with_physical_optimizer_rule(Arc::new(super::aggregate::MphfAggregateRule::new()))
+    builder
+        .with_physical_optimizer_rule(Arc::new(super::aggregate::MphfAggregateRule::new()))
+        .with_physical_optimizer_rule(Arc::new(super::join::MphfJoinRule::new()))
 }
 
 /// `mphf_indexes()`: the rows of `SHOW MPHF INDEXES` as a table.

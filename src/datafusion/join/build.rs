@@ -1,0 +1,268 @@
+//! The build side of [`MphfJoinExec`](super::MphfJoinExec): every build row in one batch, and
+//! a slot → build rows table instead of a hash table.
+//!
+//! # Layouts
+//! - [`SlotRows::Unique`]: one `u32` row number per slot ([`NO_ROW`] when the slot has no
+//!   build row). Used while no slot receives a second row, the case of a key that is unique on
+//!   the build side (a primary key such as `o_orderkey`, which the index knows from its build
+//!   counts).
+//! - [`SlotRows::Multi`]: compressed sparse rows (CSR) — `offsets[s]..offsets[s + 1]` indexes
+//!   `rows`, the build rows of slot `s` in build order. The build switches to it on the first
+//!   slot that receives a second row, so a key that turns out not to be unique on the build
+//!   side (a filtered join result, a stale index) still joins correctly.
+//!
+//! Build rows whose key is non-NULL but not in the index (possible only when the index is
+//! stale) go to [`BuildSide::strays`], looked up by value; NULL keys never match
+//! (`NullEquality::NullEqualsNothing`, the only mode the rule accepts).
+//!
+//! # Invariants
+//! - Every build row with a non-NULL key is reachable from exactly one place: its key's slot,
+//!   or the stray map when the key is not in the index.
+//! - Build rows are numbered in the order the build stream delivered them (`u32`, so a build
+//!   side has fewer than 2^32 − 1 rows; more is an error, not a wrong answer).
+//! - Memory for the batch and the table is reserved in the session's pool before it is used.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
+use ::datafusion::arrow::compute::concat_batches;
+use ::datafusion::arrow::datatypes::SchemaRef;
+use ::datafusion::common::{DataFusionError, Result, ScalarValue};
+use ::datafusion::execution::memory_pool::MemoryReservation;
+use ::datafusion::execution::SendableRecordBatchStream;
+use ::datafusion::physical_expr::PhysicalExprRef;
+use futures::StreamExt;
+
+use crate::core::column::ColumnIndex;
+use crate::core::column::ABSENT;
+
+/// Marks a slot without a build row in [`SlotRows::Unique`].
+pub const NO_ROW: u32 = u32::MAX;
+
+/// The slot → build rows table.
+#[derive(Debug)]
+pub enum SlotRows {
+    /// `rows[slot]` is the only build row of the slot, or [`NO_ROW`].
+    Unique(Vec<u32>),
+    /// Build rows of slot `s`: `rows[offsets[s] as usize..offsets[s + 1] as usize]`.
+    Multi {
+        /// `slots + 1` prefix sums.
+        offsets: Vec<u32>,
+        /// Build row numbers grouped by slot.
+        rows: Vec<u32>,
+    },
+}
+
+impl SlotRows {
+    /// Short name for `EXPLAIN ANALYZE` and tests.
+    pub fn layout(&self) -> &'static str {
+        match self {
+            SlotRows::Unique(_) => "unique",
+            SlotRows::Multi { .. } => "csr",
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            SlotRows::Unique(rows) => rows.len() * 4,
+            SlotRows::Multi { offsets, rows } => (offsets.len() + rows.len()) * 4,
+        }
+    }
+}
+
+/// One build side, shared by the probe streams that read it.
+#[derive(Debug)]
+pub struct BuildSide {
+    /// All build rows.
+    pub batch: RecordBatch,
+    /// Slot → build rows.
+    pub table: SlotRows,
+    /// Build rows whose non-NULL key is not in the index, by key.
+    pub strays: HashMap<ScalarValue, Vec<u32>>,
+    /// The other join keys evaluated on the build rows (residual equalities), in `on` order
+    /// without the indexed key.
+    pub residual_keys: Vec<ArrayRef>,
+    /// One bit per build row that found a partner (kept only for join types that emit build
+    /// rows at the end).
+    visited: Vec<AtomicU64>,
+    /// Probe streams that have not finished; the last one emits the build side's final rows.
+    probes_left: AtomicUsize,
+    /// The memory of the batch and the table.
+    _reservation: MemoryReservation,
+}
+
+impl BuildSide {
+    /// Collects `stream`, computes every build row's slot with `index` and lays out the table.
+    ///
+    /// `key` is the indexed join key on the build side, `residual` the other keys; `track_visits`
+    /// keeps the visited bitmap; `probes` is the number of probe streams that will read it.
+    ///
+    /// # Errors
+    /// Input errors, memory-pool refusals, more than 2^32 − 2 build rows.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn collect(
+        mut stream: SendableRecordBatchStream,
+        schema: SchemaRef,
+        index: &ColumnIndex,
+        key: &PhysicalExprRef,
+        residual: &[PhysicalExprRef],
+        track_visits: bool,
+        probes: usize,
+        mut reservation: MemoryReservation,
+    ) -> Result<BuildSide> {
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            reservation.try_grow(batch.get_array_memory_size())?;
+            batches.push(batch);
+        }
+        let batch = concat_batches(&schema, &batches)?;
+        drop(batches);
+        reservation.try_resize(batch.get_array_memory_size())?;
+        let rows = batch.num_rows();
+        if rows >= NO_ROW as usize {
+            return Err(DataFusionError::Execution(format!(
+                "MphfJoinExec: the build side has {rows} rows; at most {} are supported",
+                NO_ROW - 1
+            )));
+        }
+        let keys = key.evaluate(&batch)?.into_array(rows)?;
+        let mut slots = Vec::new();
+        index
+            .lookup_slots(keys.as_ref(), &mut slots)
+            .map_err(|e| DataFusionError::Execution(format!("MphfJoinExec: {e}")))?;
+        let n_slots = usize::try_from(index.len())
+            .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
+        reservation.try_grow(n_slots * 4)?;
+        let (table, strays) = lay_out(&slots, keys.as_ref(), n_slots, &mut reservation)?;
+        let residual_keys = residual
+            .iter()
+            .map(|e| e.evaluate(&batch)?.into_array(rows))
+            .collect::<Result<Vec<_>>>()?;
+        let visited = if track_visits {
+            reservation.try_grow(rows.div_ceil(64) * 8)?;
+            (0..rows.div_ceil(64)).map(|_| AtomicU64::new(0)).collect()
+        } else {
+            Vec::new()
+        };
+        reservation.try_resize(batch.get_array_memory_size() + table.size() + visited.len() * 8)?;
+        Ok(BuildSide {
+            batch,
+            table,
+            strays,
+            residual_keys,
+            visited,
+            probes_left: AtomicUsize::new(probes.max(1)),
+            _reservation: reservation,
+        })
+    }
+
+    /// Number of build rows.
+    pub fn rows(&self) -> usize {
+        self.batch.num_rows()
+    }
+
+    /// Appends the build rows of `slot` (or of a stray `key` when `slot` is [`ABSENT`]) to
+    /// `out`, with `probe_row` to `probes`.
+    #[inline]
+    pub fn matches(&self, slot: u64, probe_row: u32, out: &mut Vec<u32>, probes: &mut Vec<u32>) {
+        match &self.table {
+            SlotRows::Unique(rows) => {
+                let r = rows[slot as usize];
+                if r != NO_ROW {
+                    out.push(r);
+                    probes.push(probe_row);
+                }
+            }
+            SlotRows::Multi { offsets, rows } => {
+                let (a, b) = (offsets[slot as usize] as usize, offsets[slot as usize + 1] as usize);
+                out.extend_from_slice(&rows[a..b]);
+                probes.extend(std::iter::repeat_n(probe_row, b - a));
+            }
+        }
+    }
+
+    /// Marks build rows as matched.
+    pub fn visit(&self, rows: &[u32]) {
+        if self.visited.is_empty() {
+            return;
+        }
+        for &r in rows {
+            let (w, b) = (r as usize / 64, r as usize % 64);
+            // Relaxed: the bits are read only after every probe stream finished
+            // (`finish_probe`'s AcqRel decrement orders them).
+            self.visited[w].fetch_or(1 << b, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether build row `r` was matched.
+    pub fn was_visited(&self, r: usize) -> bool {
+        self.visited[r / 64].load(Ordering::Relaxed) & (1 << (r % 64)) != 0
+    }
+
+    /// Called once by every probe stream when it ends; true for the last one.
+    pub fn finish_probe(&self) -> bool {
+        self.probes_left.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
+
+/// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
+fn lay_out(
+    slots: &[u64],
+    keys: &dyn Array,
+    n_slots: usize,
+    reservation: &mut MemoryReservation,
+) -> Result<(SlotRows, HashMap<ScalarValue, Vec<u32>>)> {
+    let mut strays: HashMap<ScalarValue, Vec<u32>> = HashMap::new();
+    let nulls = keys.logical_nulls();
+    for (r, _) in slots.iter().enumerate().filter(|(_, &s)| s == ABSENT) {
+        if nulls.as_ref().is_none_or(|n| n.is_valid(r)) {
+            strays
+                .entry(ScalarValue::try_from_array(keys, r)?)
+                .or_default()
+                .push(r as u32);
+        }
+    }
+    let mut unique = vec![NO_ROW; n_slots];
+    let mut duplicated = false;
+    for (r, &s) in slots.iter().enumerate() {
+        if s == ABSENT {
+            continue;
+        }
+        let cell = &mut unique[s as usize];
+        if *cell != NO_ROW {
+            duplicated = true;
+            break;
+        }
+        *cell = r as u32;
+    }
+    if !duplicated {
+        return Ok((SlotRows::Unique(unique), strays));
+    }
+    drop(unique);
+    // Counting sort of the rows by slot (rows stay in build order within a slot).
+    let members = slots.iter().filter(|&&s| s != ABSENT).count();
+    reservation.try_grow((members + 1) * 4)?;
+    let mut offsets = vec![0u32; n_slots + 1];
+    for &s in slots.iter().filter(|&&s| s != ABSENT) {
+        offsets[s as usize + 1] += 1;
+    }
+    for i in 0..n_slots {
+        offsets[i + 1] += offsets[i];
+    }
+    let mut next = offsets.clone();
+    let mut rows = vec![0u32; members];
+    for (r, &s) in slots.iter().enumerate() {
+        if s != ABSENT {
+            let at = &mut next[s as usize];
+            rows[*at as usize] = r as u32;
+            *at += 1;
+        }
+    }
+    Ok((SlotRows::Multi { offsets, rows }, strays))
+}
+
+/// The shared handle probe streams hold.
+pub type SharedBuild = Arc<BuildSide>;

@@ -1,0 +1,356 @@
+//! `MphfJoinExec`: an equi-join whose build side is a slot array instead of a hash table.
+//!
+//! When the build (left) side's join key is a column with an MPHF index, every build row's key
+//! has a slot in `0..distinct`, so "which build rows have key k" is `table[slot(k)]`: no hash
+//! table is built and none is probed. Probe keys go through the batched MPHF lookup, which
+//! verifies membership against the index's stored keys (a key that is not in the index has no
+//! slot and matches nothing, or only the build side's strays, see [`build`]).
+//!
+//! # Strategy
+//! - The node replaces a `HashJoinExec` one for one ([`rule`]): same children, same schema,
+//!   output partitioning, input requirements and probe-order guarantees, so nothing around it
+//!   changes. Execution follows the replaced join's mode:
+//!   - `CollectLeft`: the single build partition is collected once into a [`BuildSide`] shared
+//!     by every probe partition (one slot table for the whole join).
+//!   - `Partitioned`: each output partition builds from its own build partition (a slot table
+//!     per partition; co-partitioning guarantees a probe key meets only its own partition).
+//! - The slot table is [`SlotRows::Unique`] (one row per slot) while the key is unique on the
+//!   build side — known up front from the index's build counts, and checked as rows arrive —
+//!   and [`SlotRows::Multi`] (CSR) otherwise, so duplicates never give wrong answers.
+//! - Other equi-keys are a residual equality check on the candidate pairs, then the join
+//!   filter; the join type decides what is emitted ([`probe`]).
+//!
+//! # Invariants
+//! - Results equal the replaced `HashJoinExec`'s (tested by `sql-tests/join.slt`, where every
+//!   query also runs with `mphf.enable_join = false`).
+//! - Output batches hold at most `batch_size` rows; build memory is reserved in the pool.
+
+pub mod build;
+pub mod probe;
+pub mod rule;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use ::datafusion::common::tree_node::TreeNodeRecursion;
+use ::datafusion::common::{internal_err, DataFusionError, JoinType, Result, Statistics};
+use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
+use ::datafusion::physical_plan::joins::utils::build_join_schema;
+use ::datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements,
+    PlanProperties, ReplaceChildrenOptions,
+};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+
+pub use build::{BuildSide, SlotRows};
+use probe::{ProbeMetrics, Prober};
+pub use rule::MphfJoinRule;
+
+use crate::datafusion::registry::IndexHandle;
+
+type BuildResult = std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>;
+
+/// A hash join executed on MPHF slots (see the module docs).
+pub struct MphfJoinExec {
+    /// The replaced join: children, keys, filter, type, mode, projection, properties.
+    join: Arc<HashJoinExec>,
+    /// The index of the build-side key.
+    index: Arc<IndexHandle>,
+    /// Which pair of `join.on()` is the indexed key.
+    key: usize,
+    metrics: ExecutionPlanMetricsSet,
+    /// `CollectLeft`: the shared build of the current execution and how many probe partitions
+    /// took it (cleared when all did, so a re-execution builds afresh).
+    shared: Mutex<Option<(Shared<BoxFuture<'static, BuildResult>>, usize)>>,
+}
+
+impl fmt::Debug for MphfJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MphfJoinExec")
+            .field("index", &self.index.info().name)
+            .field("join_type", self.join.join_type())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MphfJoinExec {
+    /// Wraps `join` (checked by the rule) whose `on[key].0` is indexed by `index`.
+    pub fn new(join: Arc<HashJoinExec>, index: Arc<IndexHandle>, key: usize) -> Self {
+        Self {
+            join,
+            index,
+            key,
+            metrics: ExecutionPlanMetricsSet::new(),
+            shared: Mutex::new(None),
+        }
+    }
+
+    /// The replaced join.
+    pub fn join(&self) -> &Arc<HashJoinExec> {
+        &self.join
+    }
+
+    /// The index used.
+    pub fn index(&self) -> &Arc<IndexHandle> {
+        &self.index
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.join.partition_mode() {
+            PartitionMode::CollectLeft => "CollectLeft",
+            PartitionMode::Partitioned => "Partitioned",
+            PartitionMode::Auto => "Auto",
+        }
+    }
+
+    /// A future building the build side from build partition `partition` for `probes` streams.
+    fn build_future(
+        &self,
+        partition: usize,
+        probes: usize,
+        context: &Arc<TaskContext>,
+    ) -> Result<BoxFuture<'static, Result<Arc<BuildSide>>>> {
+        let stream = self.join.left().execute(partition, Arc::clone(context))?;
+        let schema = self.join.left().schema();
+        let index = Arc::clone(&self.index);
+        let key = Arc::clone(&self.join.on()[self.key].0);
+        let residual: Vec<_> = self.residual_pairs().map(|(l, _)| Arc::clone(l)).collect();
+        let track = Prober::tracks_visits(*self.join.join_type());
+        let reservation =
+            MemoryConsumer::new(format!("MphfJoinExec[build {partition}]")).register(context.memory_pool());
+        let build_time = MetricBuilder::new(&self.metrics).subset_time("build_time", partition);
+        let build_rows = MetricBuilder::new(&self.metrics).counter("build_rows", partition);
+        let csr = MetricBuilder::new(&self.metrics).counter("build_csr_layout", partition);
+        let strays = MetricBuilder::new(&self.metrics).counter("build_stray_rows", partition);
+        Ok(async move {
+            let start = std::time::Instant::now();
+            let side = BuildSide::collect(
+                stream,
+                schema,
+                index.index(),
+                &key,
+                &residual,
+                track,
+                probes,
+                reservation,
+            )
+            .await?;
+            build_time.add_duration(start.elapsed());
+            build_rows.add(side.rows());
+            csr.add(matches!(side.table, SlotRows::Multi { .. }) as usize);
+            strays.add(side.strays.values().map(Vec::len).sum());
+            Ok(Arc::new(side))
+        }
+        .boxed())
+    }
+
+    /// The `on` pairs other than the indexed one.
+    fn residual_pairs(&self) -> impl Iterator<Item = &(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)> + '_ {
+        self.join
+            .on()
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| *i != self.key)
+            .map(|(_, p)| p)
+    }
+
+    /// The build side for output partition `partition`.
+    fn build_for(&self, partition: usize, context: &Arc<TaskContext>) -> Result<BoxFuture<'static, BuildResult>> {
+        if *self.join.partition_mode() != PartitionMode::CollectLeft {
+            return Ok(self
+                .build_future(partition, 1, context)?
+                .map(|r| r.map_err(Arc::new))
+                .boxed());
+        }
+        let probes = self.join.right().output_partitioning().partition_count();
+        let mut guard = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((f, taken)) = guard.as_mut() {
+            let f = f.clone();
+            *taken += 1;
+            if *taken >= probes {
+                *guard = None;
+            }
+            return Ok(f.boxed());
+        }
+        let fut = self
+            .build_future(0, probes, context)?
+            .map(|r| r.map_err(Arc::new))
+            .boxed()
+            .shared();
+        if probes > 1 {
+            *guard = Some((fut.clone(), 1));
+        }
+        Ok(fut.boxed())
+    }
+}
+
+impl DisplayAs for MphfJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let info = self.index.info();
+        let on: Vec<String> = self.join.on().iter().map(|(l, r)| format!("({l}, {r})")).collect();
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "mode={}", self.mode_name())?;
+                writeln!(f, "join_type={:?}", self.join.join_type())?;
+                write!(f, "index={}.{}", info.table, info.column)
+            }
+            _ => {
+                write!(
+                    f,
+                    "MphfJoinExec: mode={}, join_type={:?}, index={}.{}, on=[{}]",
+                    self.mode_name(),
+                    self.join.join_type(),
+                    info.table,
+                    info.column,
+                    on.join(", ")
+                )?;
+                if let Some(filter) = self.join.filter() {
+                    write!(f, ", filter={}", filter.expression())?;
+                }
+                if let Some(p) = &self.join.projection {
+                    write!(f, ", projection={:?}", p.as_ref())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for MphfJoinExec {
+    fn name(&self) -> &str {
+        "MphfJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.join.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.join.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        ExecutionPlan::maintains_input_order(self.join.as_ref())
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.join.benefits_from_input_partitioning()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.join.left(), self.join.right()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.join.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let inner = Arc::clone(&self.join).replace_children(children, options)?;
+        let Some(join) = inner.downcast_ref::<HashJoinExec>() else {
+            return internal_err!("MphfJoinExec: the replaced join changed type");
+        };
+        let join = Arc::new(join.builder().build()?);
+        Ok(Arc::new(Self::new(join, Arc::clone(&self.index), self.key)))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let outputs = self.properties().output_partitioning().partition_count();
+        if partition >= outputs {
+            return internal_err!("MphfJoinExec: partition {partition} of {outputs}");
+        }
+        let build = self.build_for(partition, &context)?;
+        let probe_input = self.join.right().execute(partition, Arc::clone(&context))?;
+        let join_type = *self.join.join_type();
+        let (_, columns) = build_join_schema(&self.join.left().schema(), &self.join.right().schema(), &join_type);
+        let m = MetricBuilder::new(&self.metrics);
+        let metrics = ProbeMetrics {
+            lookup_time: m.clone().subset_time("lookup_time", partition),
+            join_time: MetricBuilder::new(&self.metrics).subset_time("join_time", partition),
+            probe_rows: MetricBuilder::new(&self.metrics).counter("probe_rows", partition),
+            probe_absent: MetricBuilder::new(&self.metrics).counter("probe_absent_rows", partition),
+        };
+        let schema = self.schema();
+        let prober_parts = (
+            Arc::clone(&self.index),
+            Arc::clone(&self.join.on()[self.key].1),
+            self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect::<Vec<_>>(),
+            self.join.filter().cloned(),
+            columns,
+            self.join.projection.clone(),
+            self.join.right().schema(),
+            Arc::clone(&schema),
+            context.session_config().batch_size(),
+        );
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let out = futures::stream::once(async move {
+            let build = build.await.map_err(DataFusionError::Shared)?;
+            let (index, probe_key, residual, filter, columns, projection, probe_schema, schema, batch_size) =
+                prober_parts;
+            let prober = Arc::new(Prober {
+                build,
+                index,
+                probe_key,
+                residual,
+                filter,
+                join_type,
+                columns,
+                projection,
+                probe_schema,
+                schema,
+                batch_size,
+                metrics,
+            });
+            let last = Arc::clone(&prober);
+            let joined = probe_input
+                .map(move |batch| prober.probe(&batch?))
+                .chain(futures::stream::once(async move { last.finish() }))
+                .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+                .try_flatten();
+            Ok::<_, DataFusionError>(joined)
+        })
+        .try_flatten()
+        .inspect_ok(move |b| baseline.record_output(b.num_rows()));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.join.statistics_from_inputs(input_stats, args)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.join.child_stats_requests(partition)
+    }
+}
+
+/// Join types the operator runs (mark joins are left to DataFusion).
+pub fn supports_join_type(join_type: JoinType) -> bool {
+    !matches!(join_type, JoinType::LeftMark | JoinType::RightMark)
+}

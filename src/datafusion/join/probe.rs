@@ -1,0 +1,292 @@
+//! The probe side of [`MphfJoinExec`](super::MphfJoinExec): one probe batch → joined batches.
+//!
+//! Per probe batch: the indexed key's slots come from the batched MPHF lookup (membership
+//! verified against the index's stored keys, so a non-member never reaches a wrong slot), each
+//! slot names its build rows ([`BuildSide::matches`]), the other join keys are compared as a
+//! residual equality, the join filter (if any) is evaluated on the candidate pairs, and the
+//! join type decides what is emitted. Pairs are produced in probe-row order, so the joins
+//! DataFusion marks as keeping the probe side's order (inner, right, right semi/anti) keep it.
+//!
+//! Join types that emit build rows at the end (left, full, left semi/anti) mark matched build
+//! rows in the build side's bitmap; the last probe stream to finish emits the build rows that
+//! were (semi) or were not (left, full, anti) matched.
+
+use std::sync::Arc;
+
+use ::datafusion::arrow::array::{
+    new_null_array, Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
+use ::datafusion::arrow::compute::kernels::boolean::and;
+use ::datafusion::arrow::compute::kernels::cmp::eq;
+use ::datafusion::arrow::compute::take;
+use ::datafusion::arrow::datatypes::SchemaRef;
+use ::datafusion::common::{internal_err, JoinSide, JoinType, Result, ScalarValue};
+use ::datafusion::physical_expr::PhysicalExprRef;
+use ::datafusion::physical_plan::joins::utils::{ColumnIndex as JoinColumn, JoinFilter};
+use ::datafusion::physical_plan::metrics::{Count, Time};
+
+use super::build::SharedBuild;
+use crate::core::column::ABSENT;
+use crate::datafusion::error::to_df;
+use crate::datafusion::registry::IndexHandle;
+
+/// Metrics of one probe stream.
+#[derive(Clone, Debug)]
+pub struct ProbeMetrics {
+    /// Time in MPHF slot lookups of probe keys.
+    pub lookup_time: Time,
+    /// Time matching, filtering and assembling output.
+    pub join_time: Time,
+    /// Probe rows read.
+    pub probe_rows: Count,
+    /// Probe rows whose key was not in the index (or NULL).
+    pub probe_absent: Count,
+}
+
+/// What a probe stream needs; shared (read-only) by its batches.
+pub struct Prober {
+    /// The build side.
+    pub build: SharedBuild,
+    /// The index the build key is in.
+    pub index: Arc<IndexHandle>,
+    /// Probe-side expression of the indexed key.
+    pub probe_key: PhysicalExprRef,
+    /// Probe-side expressions of the other join keys (same order as the build side's).
+    pub residual: Vec<PhysicalExprRef>,
+    /// The join's non-equality filter.
+    pub filter: Option<JoinFilter>,
+    /// The join type (never `LeftMark` / `RightMark`).
+    pub join_type: JoinType,
+    /// Where each column of the unprojected join output comes from.
+    pub columns: Vec<JoinColumn>,
+    /// The join's embedded projection.
+    pub projection: Option<Arc<[usize]>>,
+    /// Probe-side input schema (for NULL columns in the build side's final rows).
+    pub probe_schema: SchemaRef,
+    /// Output schema.
+    pub schema: SchemaRef,
+    /// Most rows per output batch.
+    pub batch_size: usize,
+    /// Metrics.
+    pub metrics: ProbeMetrics,
+}
+
+/// Keeps the pairs whose mask entry is true (NULL counts as false).
+fn retain(mask: &BooleanArray, build: &mut Vec<u32>, probe: &mut Vec<u32>) {
+    let mut k = 0;
+    for i in 0..build.len() {
+        if mask.is_valid(i) && mask.value(i) {
+            build[k] = build[i];
+            probe[k] = probe[i];
+            k += 1;
+        }
+    }
+    build.truncate(k);
+    probe.truncate(k);
+}
+
+impl Prober {
+    /// Whether this join type marks matched build rows.
+    pub fn tracks_visits(join_type: JoinType) -> bool {
+        matches!(
+            join_type,
+            JoinType::Left | JoinType::Full | JoinType::LeftSemi | JoinType::LeftAnti
+        )
+    }
+
+    /// Joins one probe batch.
+    ///
+    /// # Errors
+    /// Expression evaluation and Arrow kernel errors.
+    pub fn probe(&self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let n = batch.num_rows();
+        self.metrics.probe_rows.add(n);
+        let keys = self.probe_key.evaluate(batch)?.into_array(n)?;
+        let mut slots = Vec::new();
+        {
+            let _t = self.metrics.lookup_time.timer();
+            self.index
+                .index()
+                .lookup_slots(keys.as_ref(), &mut slots)
+                .map_err(to_df)?;
+        }
+        let _t = self.metrics.join_time.timer();
+        let (mut b, mut p) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let strays = !self.build.strays.is_empty();
+        let nulls = keys.logical_nulls();
+        let mut absent = 0;
+        for (i, &s) in slots.iter().enumerate() {
+            if s != ABSENT {
+                self.build.matches(s, i as u32, &mut b, &mut p);
+                continue;
+            }
+            absent += 1;
+            if strays && nulls.as_ref().is_none_or(|m| m.is_valid(i)) {
+                if let Some(rows) = self.build.strays.get(&ScalarValue::try_from_array(keys.as_ref(), i)?) {
+                    b.extend_from_slice(rows);
+                    p.extend(std::iter::repeat_n(i as u32, rows.len()));
+                }
+            }
+        }
+        self.metrics.probe_absent.add(absent);
+        if !b.is_empty() && !self.residual.is_empty() {
+            let (bi, pi) = (UInt32Array::from(b.clone()), UInt32Array::from(p.clone()));
+            let mut mask: Option<BooleanArray> = None;
+            for (built, expr) in self.build.residual_keys.iter().zip(&self.residual) {
+                let probed = expr.evaluate(batch)?.into_array(n)?;
+                let same = eq(&take(built.as_ref(), &bi, None)?, &take(probed.as_ref(), &pi, None)?)?;
+                mask = Some(match mask {
+                    Some(m) => and(&m, &same)?,
+                    None => same,
+                });
+            }
+            if let Some(mask) = mask {
+                retain(&mask, &mut b, &mut p);
+            }
+        }
+        if let (Some(filter), false) = (&self.filter, b.is_empty()) {
+            let (bi, pi) = (UInt32Array::from(b.clone()), UInt32Array::from(p.clone()));
+            let columns = filter
+                .column_indices()
+                .iter()
+                .map(|c| match c.side {
+                    JoinSide::Left => Ok(take(self.build.batch.column(c.index).as_ref(), &bi, None)?),
+                    JoinSide::Right => Ok(take(batch.column(c.index).as_ref(), &pi, None)?),
+                    JoinSide::None => internal_err!("MphfJoinExec: join filter column without a side"),
+                })
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            let options = RecordBatchOptions::new().with_row_count(Some(b.len()));
+            let inter = RecordBatch::try_new_with_options(Arc::clone(filter.schema()), columns, &options)?;
+            let mask = filter.expression().evaluate(&inter)?.into_array(b.len())?;
+            let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
+                return internal_err!("MphfJoinExec: join filter did not return booleans");
+            };
+            retain(mask, &mut b, &mut p);
+        }
+        self.emit_pairs(batch, b, p)
+    }
+
+    /// Turns the matching pairs of one probe batch into output rows per join type.
+    fn emit_pairs(&self, batch: &RecordBatch, b: Vec<u32>, p: Vec<u32>) -> Result<Vec<RecordBatch>> {
+        let n = batch.num_rows();
+        let unmatched_probes = || {
+            let mut matched = vec![false; n];
+            for &i in &p {
+                matched[i as usize] = true;
+            }
+            (0..n as u32).filter(move |&i| !matched[i as usize])
+        };
+        match self.join_type {
+            JoinType::Inner => self.assemble(Some(batch), UInt32Array::from(b), UInt32Array::from(p)),
+            JoinType::Left => {
+                self.build.visit(&b);
+                self.assemble(Some(batch), UInt32Array::from(b), UInt32Array::from(p))
+            }
+            JoinType::LeftSemi | JoinType::LeftAnti => {
+                self.build.visit(&b);
+                Ok(Vec::new())
+            }
+            JoinType::Full => {
+                self.build.visit(&b);
+                let mut bo: Vec<Option<u32>> = b.into_iter().map(Some).collect();
+                let mut po = p.clone();
+                for i in unmatched_probes() {
+                    bo.push(None);
+                    po.push(i);
+                }
+                self.assemble(Some(batch), UInt32Array::from(bo), UInt32Array::from(po))
+            }
+            JoinType::Right => {
+                // Probe order: each probe row's matches, or one row with a NULL build side.
+                let mut bo = Vec::with_capacity(n.max(b.len()));
+                let mut po = Vec::with_capacity(n.max(b.len()));
+                let mut j = 0;
+                for i in 0..n as u32 {
+                    if j < p.len() && p[j] == i {
+                        while j < p.len() && p[j] == i {
+                            bo.push(Some(b[j]));
+                            po.push(i);
+                            j += 1;
+                        }
+                    } else {
+                        bo.push(None);
+                        po.push(i);
+                    }
+                }
+                self.assemble(Some(batch), UInt32Array::from(bo), UInt32Array::from(po))
+            }
+            JoinType::RightSemi => {
+                let mut rows = p;
+                rows.dedup();
+                self.assemble(
+                    Some(batch),
+                    UInt32Array::from(Vec::<u32>::new()),
+                    UInt32Array::from(rows),
+                )
+            }
+            JoinType::RightAnti => {
+                let rows: Vec<u32> = unmatched_probes().collect();
+                self.assemble(
+                    Some(batch),
+                    UInt32Array::from(Vec::<u32>::new()),
+                    UInt32Array::from(rows),
+                )
+            }
+            JoinType::LeftMark | JoinType::RightMark => {
+                internal_err!("MphfJoinExec: mark joins are not supported")
+            }
+        }
+    }
+
+    /// Called when the probe input ended: the build side's final rows, from the last stream.
+    ///
+    /// # Errors
+    /// Arrow kernel errors.
+    pub fn finish(&self) -> Result<Vec<RecordBatch>> {
+        let last = self.build.finish_probe();
+        if !last || !Self::tracks_visits(self.join_type) {
+            return Ok(Vec::new());
+        }
+        let want_visited = self.join_type == JoinType::LeftSemi;
+        let rows: Vec<u32> = (0..self.build.rows())
+            .filter(|&r| self.build.was_visited(r) == want_visited)
+            .map(|r| r as u32)
+            .collect();
+        let len = rows.len();
+        self.assemble(None, UInt32Array::from(rows), UInt32Array::new_null(len))
+    }
+
+    /// Output batches (at most `batch_size` rows each) of the rows `build[i]` ⋈ `probe[i]`
+    /// (NULL index: a NULL-padded side; `probe_batch` None: the probe side is all NULL).
+    fn assemble(
+        &self,
+        probe_batch: Option<&RecordBatch>,
+        build: UInt32Array,
+        probe: UInt32Array,
+    ) -> Result<Vec<RecordBatch>> {
+        let len = match (build.is_empty(), probe.is_empty()) {
+            (true, true) => return Ok(Vec::new()),
+            (false, _) => build.len(),
+            (true, false) => probe.len(),
+        };
+        let full: Vec<usize> = (0..self.columns.len()).collect();
+        let wanted: &[usize] = self.projection.as_deref().unwrap_or(&full);
+        let mut columns = Vec::with_capacity(wanted.len());
+        for &k in wanted {
+            let c = &self.columns[k];
+            columns.push(match (c.side, probe_batch) {
+                (JoinSide::Left, _) => take(self.build.batch.column(c.index).as_ref(), &build, None)?,
+                (JoinSide::Right, Some(batch)) => take(batch.column(c.index).as_ref(), &probe, None)?,
+                (JoinSide::Right, None) => new_null_array(self.probe_schema.field(c.index).data_type(), len),
+                (JoinSide::None, _) => return internal_err!("MphfJoinExec: output column without a side"),
+            });
+        }
+        let options = RecordBatchOptions::new().with_row_count(Some(len));
+        let out = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        let step = self.batch_size.max(1);
+        Ok((0..len)
+            .step_by(step)
+            .map(|o| out.slice(o, step.min(len - o)))
+            .collect())
+    }
+}

@@ -1,0 +1,284 @@
+//! `MphfJoinRule`: swaps eligible `HashJoinExec`s for [`MphfJoinExec`]s.
+//!
+//! A join is eligible when one of its equi-key pairs has, on the build (left) side, a column
+//! carrying an MPHF index label whose key type equals the column's and the probe key's type;
+//! the join type is not a mark join; NULLs never match (`NullEqualsNothing`, not null-aware);
+//! and it has no `fetch`. Other key pairs become a residual equality, the filter is kept.
+//!
+//! # Forms
+//! - **Collect** (preferred): a `Partitioned` join's two hash repartitions exist only so that
+//!   equal keys meet in one partition; with a slot table the build side is collected once and
+//!   every probe partition reads it, so both repartitions are dropped (the build side is
+//!   coalesced instead) and the node runs as `CollectLeft` over the probe side's own
+//!   partitions. The output is no longer hash partitioned on the key, so the rewritten plan is
+//!   kept only when DataFusion's sanity check accepts it.
+//! - **One for one**: otherwise the node keeps the join's mode, children and properties.
+//! - **Swapped**: when only the probe (right) side's key is indexed, the join is mirrored
+//!   (left ↔ right, join type swapped, a projection restores the column order) and run in the
+//!   collect form; like the collect form, it is kept only when the sanity check accepts it.
+//!
+//! # Decision rule (costing)
+//! - Decline when the index has fewer than `mphf.join_min_slots` slots (default 4096): a small
+//!   hash table stays in cache and costs no more than an MPHF query.
+//! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
+//!   key, `CollectLeft` or one partition, key range below
+//!   `perfect_hash_join_small_build_threshold` or density above
+//!   `perfect_hash_join_min_key_density`, estimated from the index's keys): a direct array
+//!   index is cheaper than an MPHF query (`mphf.join_yield_to_array_map`, default true).
+
+use std::sync::Arc;
+
+use ::datafusion::arrow::array::{Array, AsArray};
+use ::datafusion::arrow::compute::{cast, max, min};
+use ::datafusion::arrow::datatypes::{DataType, Int64Type};
+use ::datafusion::common::config::ConfigOptions;
+use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use ::datafusion::common::{JoinType, NullEquality, Result};
+use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_expr::Partitioning;
+use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
+use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
+use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use ::datafusion::physical_plan::joins::utils::{reorder_output_after_swap, swap_join_projection, JoinFilter};
+use ::datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use ::datafusion::physical_plan::repartition::RepartitionExec;
+use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+use super::{supports_join_type, MphfJoinExec};
+use crate::datafusion::config::MphfConfig;
+use crate::datafusion::registry::{index_of_field, IndexHandle};
+
+/// The physical optimizer rule installing [`MphfJoinExec`].
+#[derive(Debug, Default)]
+pub struct MphfJoinRule {}
+
+impl MphfJoinRule {
+    /// A new rule.
+    pub fn new() -> Self {
+        Self {}
+    }
+}
+
+/// Costing inputs (session options).
+#[derive(Clone, Copy, Debug)]
+struct Costing {
+    min_slots: u64,
+    yield_to_array_map: bool,
+    array_map_threshold: usize,
+    array_map_density: f64,
+}
+
+/// The indexed key pair of `join` and its index, when the join is eligible.
+fn indexed_key(join: &HashJoinExec) -> Option<(usize, Arc<IndexHandle>)> {
+    if !supports_join_type(*join.join_type())
+        || join.null_equality() != NullEquality::NullEqualsNothing
+        || join.null_aware
+        || join.fetch().is_some()
+    {
+        return None;
+    }
+    let left = join.left().schema();
+    let right = join.right().schema();
+    for (l, r) in join.on() {
+        if l.data_type(&left).ok()? != r.data_type(&right).ok()? {
+            return None;
+        }
+    }
+    join.on().iter().enumerate().find_map(|(k, (l, r))| {
+        let col = l.downcast_ref::<Column>()?;
+        let field = left.fields().get(col.index())?;
+        let handle = index_of_field(field)?;
+        let key_type = handle.index().keys().data_type().clone();
+        (key_type == *field.data_type() && r.data_type(&right).ok()? == key_type).then_some((k, handle))
+    })
+}
+
+/// Whether DataFusion would build an `ArrayMap` for this join (estimated from the index keys:
+/// the build side is assumed to hold every indexed key, spread over `partitions`).
+fn vanilla_uses_array_map(join: &HashJoinExec, index: &IndexHandle, partitions: usize, c: &Costing) -> bool {
+    if join.on().len() != 1 {
+        return false;
+    }
+    let keys = index.index().keys();
+    if !keys.data_type().is_integer() || keys.is_empty() {
+        return false;
+    }
+    let Ok(wide) = cast(keys.as_ref(), &DataType::Int64) else {
+        return false;
+    };
+    let wide = wide.as_primitive::<Int64Type>();
+    let (Some(lo), Some(hi)) = (min(wide), max(wide)) else {
+        return false;
+    };
+    let range = (hi as i128 - lo as i128) as f64;
+    let rows = keys.len() as f64 / partitions.max(1) as f64;
+    range < c.array_map_threshold as f64 || rows / (range + 1.0) > c.array_map_density
+}
+
+/// The two candidate forms of `join`, or `None` when the rule declines.
+fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoinExec, Option<MphfJoinExec>)>> {
+    let Some((key, handle)) = indexed_key(join) else {
+        return Ok(None);
+    };
+    if handle.index().len() < costing.min_slots {
+        return Ok(None);
+    }
+    let collect_left = *join.partition_mode() == PartitionMode::CollectLeft
+        || join.left().output_partitioning().partition_count() <= 1;
+    if costing.yield_to_array_map && collect_left && vanilla_uses_array_map(join, &handle, 1, costing) {
+        return Ok(None);
+    }
+    let one_for_one = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
+    if *join.partition_mode() != PartitionMode::Partitioned {
+        if *join.partition_mode() == PartitionMode::CollectLeft {
+            // Already collected: the collect form is the one-for-one form.
+            let again = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
+            return Ok(Some((one_for_one, Some(again))));
+        }
+        return Ok(Some((one_for_one, None)));
+    }
+    let strip = |plan: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+        match plan.downcast_ref::<RepartitionExec>() {
+            Some(r) if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() => {
+                Arc::clone(r.input())
+            }
+            _ => Arc::clone(plan),
+        }
+    };
+    let mut left = strip(join.left());
+    if left.output_partitioning().partition_count() > 1 {
+        left = Arc::new(CoalescePartitionsExec::new(left));
+    }
+    let right = strip(join.right());
+    let collected = join
+        .builder()
+        .with_partition_mode(PartitionMode::CollectLeft)
+        .with_new_children(vec![left, right])?
+        .recompute_properties()
+        .build()?;
+    let collect = MphfJoinExec::new(Arc::new(collected), handle, key);
+    Ok(Some((one_for_one, Some(collect))))
+}
+
+/// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
+/// form: the new build side coalesced, the new probe side read in its own partitions. The
+/// output may differ in partitioning from `join`'s, so only the collect rewrite uses it.
+fn swapped(join: &HashJoinExec) -> Result<Option<HashJoinExec>> {
+    let unwrap = |plan: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
+        if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
+            return Arc::clone(c.input());
+        }
+        match plan.downcast_ref::<RepartitionExec>() {
+            Some(r) if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() => {
+                Arc::clone(r.input())
+            }
+            _ => Arc::clone(plan),
+        }
+    };
+    let mut left = unwrap(join.right());
+    if left.output_partitioning().partition_count() > 1 {
+        left = Arc::new(CoalescePartitionsExec::new(left));
+    }
+    let right = unwrap(join.left());
+    let on = join.on().iter().map(|(l, r)| (Arc::clone(r), Arc::clone(l))).collect();
+    let projection = swap_join_projection(
+        join.left().schema().fields().len(),
+        join.right().schema().fields().len(),
+        join.projection.as_deref(),
+        join.join_type(),
+    );
+    Ok(Some(
+        join.builder()
+            .reset_state()
+            .with_type(join.join_type().swap())
+            .with_new_children(vec![left, right])?
+            .with_on(on)
+            .with_filter(join.filter().map(JoinFilter::swap))
+            .with_projection(projection)
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .recompute_properties()
+            .build()?,
+    ))
+}
+
+/// The swapped collect form of `join` when its probe (right) side holds the indexed key, with
+/// the projection that restores `join`'s column order.
+fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if indexed_key(join).is_some()
+        || !supports_join_type(join.join_type().swap())
+        || join.null_aware
+        || join.null_equality() != NullEquality::NullEqualsNothing
+        || join.fetch().is_some()
+    {
+        return Ok(None);
+    }
+    let Some(swapped) = swapped(join)? else {
+        return Ok(None);
+    };
+    let Some((_, Some(collect))) = candidates(&swapped, costing)? else {
+        return Ok(None);
+    };
+    let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
+    let keeps_order = matches!(
+        join.join_type(),
+        JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
+    ) || join.projection.is_some();
+    if keeps_order {
+        return Ok(Some(exec));
+    }
+    Ok(Some(reorder_output_after_swap(
+        exec,
+        &join.left().schema(),
+        &join.right().schema(),
+    )?))
+}
+
+/// Replaces eligible joins bottom-up, preferring the collect form when `collect`.
+fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if collect {
+            if let Some(exec) = try_swapped(join, costing)? {
+                return Ok(Transformed::yes(exec));
+            }
+        }
+        Ok(match candidates(join, costing)? {
+            Some((_, Some(c))) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
+            Some((one, _)) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
+}
+
+impl PhysicalOptimizerRule for MphfJoinRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(cfg) = config.extensions.get::<MphfConfig>() else {
+            return Ok(plan);
+        };
+        if !cfg.enable_join {
+            return Ok(plan);
+        }
+        let costing = Costing {
+            min_slots: cfg.join_min_slots,
+            yield_to_array_map: cfg.join_yield_to_array_map,
+            array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
+            array_map_density: config.execution.perfect_hash_join_min_key_density,
+        };
+        let collected = rewrite(Arc::clone(&plan), true, &costing)?;
+        if SanityCheckPlan::new().optimize(Arc::clone(&collected), config).is_ok() {
+            return Ok(collected);
+        }
+        rewrite(plan, false, &costing)
+    }
+
+    fn name(&self) -> &str {
+        "mphf_join"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,160 @@
+//! Joins on MPHF-indexed keys: every query runs with `mphf.enable_join` off and on, the sorted
+//! results must be identical, and with the rule on the plan must (or must not) contain
+//! `MphfJoinExec`, in the expected form.
+
+#![cfg(feature = "datafusion")]
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::SessionConfig;
+use datafusion_mphf::datafusion::MphfContext;
+
+/// `dim` (8,000 unique ids, one NULL, a string key), `fact` (30,000 rows: repeated ids, NULLs,
+/// ids missing from `dim`), `big` (60,000 rows), indexes on `dim.id`, `dim.name`, `fact.id`.
+async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
+    let mut config = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_batch_size(1000);
+    if partitioned_joins {
+        let opts = config.options_mut();
+        opts.optimizer.hash_join_single_partition_threshold = 0;
+        opts.optimizer.hash_join_single_partition_threshold_rows = 0;
+    }
+    let ctx = MphfContext::with_config(config);
+    for sql in [
+        "CREATE TABLE dim AS SELECT value AS id, 'name' || value AS name, value % 7 AS grp \
+         FROM generate_series(0, 7999) UNION ALL SELECT NULL, 'nul', 0",
+        "CREATE TABLE fact AS SELECT value AS fid, \
+           CASE WHEN value % 97 = 0 THEN NULL ELSE value % 9000 END AS id, value * 3 AS v, \
+           'name' || (value % 9500) AS name FROM generate_series(1, 30000)",
+        "CREATE TABLE big AS SELECT value AS bid, value % 9100 AS k FROM generate_series(1, 60000)",
+        "CREATE INDEX dim_id ON dim USING mphf (id)",
+        "CREATE INDEX dim_name ON dim USING mphf (name)",
+        "CREATE INDEX fact_id ON fact USING mphf (id)",
+        "SET mphf.join_yield_to_array_map = false",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    ctx
+}
+
+/// Sorted pretty-printed rows and the physical plan text.
+async fn run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String) {
+    let df = ctx.sql(sql).await.unwrap();
+    let plan = df.clone().create_physical_plan().await.unwrap();
+    let plan_text = displayable(plan.as_ref()).indent(true).to_string();
+    let batches = df.collect().await.unwrap();
+    let text = pretty_format_batches(&batches).unwrap().to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    (lines, plan_text)
+}
+
+/// Runs `sql` with the rule off and on, asserts equal results and returns the MPHF plan.
+async fn compare(ctx: &MphfContext, sql: &str) -> String {
+    ctx.sql("SET mphf.enable_join = false").await.unwrap();
+    let (off, off_plan) = run(ctx, sql).await;
+    assert!(!off_plan.contains("MphfJoinExec"), "{off_plan}");
+    ctx.sql("SET mphf.enable_join = true").await.unwrap();
+    let (on, on_plan) = run(ctx, sql).await;
+    assert_eq!(off, on, "results differ for {sql}\nplan:\n{on_plan}");
+    on_plan
+}
+
+/// (query, whether `MphfJoinExec` must run)
+const QUERIES: &[(&str, bool)] = &[
+    ("SELECT count(*), sum(f.v), sum(d.grp) FROM fact f JOIN dim d ON f.id = d.id", true),
+    ("SELECT f.fid, d.name FROM fact f JOIN dim d ON f.id = d.id WHERE f.fid % 1000 = 7", true),
+    ("SELECT d.id, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.id ORDER BY 2 DESC, 1 LIMIT 20", true),
+    ("SELECT count(*), count(d.id), sum(f.v) FROM fact f LEFT JOIN dim d ON f.id = d.id", true),
+    ("SELECT count(*), count(d.id), count(f.fid) FROM dim d FULL JOIN fact f ON d.id = f.id", true),
+    ("SELECT count(*) FROM fact f WHERE EXISTS (SELECT 1 FROM dim d WHERE d.id = f.id AND d.grp = 2)", true),
+    ("SELECT count(*) FROM fact f WHERE NOT EXISTS (SELECT 1 FROM dim d WHERE d.id = f.id)", true),
+    ("SELECT count(*), sum(d.id) FROM dim d WHERE NOT EXISTS (SELECT 1 FROM fact f WHERE f.id = d.id)", true),
+    ("SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id AND f.v % 7 > d.grp", true),
+    ("SELECT count(*), sum(f.fid) FROM fact f JOIN dim d ON f.id = d.id AND f.name = d.name", true),
+    ("SELECT count(*), sum(f.fid) FROM fact f JOIN dim d ON f.name = d.name", true),
+    ("SELECT count(*), sum(b.bid) FROM big b JOIN fact f ON b.k = f.id", true),
+    ("SELECT count(*), count(f.fid) FROM big b LEFT JOIN fact f ON b.k = f.id", true),
+    // null-aware anti join (NOT IN) stays DataFusion's
+    ("SELECT count(*) FROM fact f WHERE f.id NOT IN (SELECT id FROM dim WHERE id IS NOT NULL)", false),
+    // the join key is an expression of the indexed column, not the column
+    ("SELECT count(*) FROM big b JOIN dim d ON b.k = d.id + 1", false),
+];
+
+async fn check_all(partitions: usize, partitioned_joins: bool) {
+    let ctx = setup(partitions, partitioned_joins).await;
+    for &(sql, expect) in QUERIES {
+        let plan = compare(&ctx, sql).await;
+        assert_eq!(
+            plan.contains("MphfJoinExec"),
+            expect,
+            "partitions {partitions}, partitioned {partitioned_joins}: {sql}\n{plan}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_match_vanilla_on_one_partition() {
+    check_all(1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_match_vanilla_on_two_partitions() {
+    check_all(2, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_joins_match_vanilla_on_sixteen_partitions() {
+    check_all(16, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_join_runs_collected_without_repartitions() {
+    let ctx = setup(4, true).await;
+    let plan = compare(&ctx, "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id").await;
+    assert!(plan.contains("MphfJoinExec: mode=CollectLeft"), "{plan}");
+    assert!(!plan.contains("RepartitionExec: partitioning=Hash"), "{plan}");
+    // A parent that needs the join's hash partitioning keeps the one-for-one form.
+    let plan = compare(
+        &ctx,
+        "SELECT f.id, count(*) FROM fact f JOIN dim d ON f.id = d.id GROUP BY f.id ORDER BY 2 DESC, 1 LIMIT 5",
+    )
+    .await;
+    assert!(plan.contains("MphfJoinExec"), "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costing_yields_to_array_map_and_small_indexes() {
+    let ctx = setup(1, false).await;
+    ctx.sql("SET mphf.join_yield_to_array_map = true").await.unwrap();
+    // dim.id is 0..7999 and dense: DataFusion's ArrayMap wins, the rule declines.
+    let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.id = d.id").await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    // a string key has no ArrayMap
+    let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
+    assert!(plan.contains("MphfJoinExec"), "{plan}");
+    ctx.sql("SET mphf.join_min_slots = 100000").await.unwrap();
+    let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_analyze_shows_build_and_lookup_metrics() {
+    let ctx = setup(2, false).await;
+    let df = ctx
+        .sql("EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN fact f ON b.k = f.id")
+        .await
+        .unwrap();
+    let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+    for needle in [
+        "MphfJoinExec",
+        "index=fact.id",
+        "build_rows=30.00 K",
+        "build_csr_layout=1",
+        "lookup_time",
+        "probe_rows=60.00 K",
+    ] {
+        assert!(text.contains(needle), "missing {needle}:\n{text}");
+    }
+}
