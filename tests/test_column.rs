@@ -709,3 +709,48 @@ fn runs_of_equal_keys() {
         }
     }
 }
+
+/// Slots of `probe` through the MPHF and through the dense-key table must be identical.
+fn dense_agrees(chunks: &[ArrayRef], probe: &dyn Array) {
+    let plain = ColumnIndex::build(chunks, &opts()).unwrap();
+    let dense = plain.clone().with_dense_lookup(16.0);
+    assert!(dense.dense_lookup_bytes() > 0, "dense keys must get a table");
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    plain.lookup_slots(probe, &mut a).unwrap();
+    dense.lookup_slots(probe, &mut b).unwrap();
+    assert_eq!(a, b);
+    assert!(a.iter().any(|&s| s != ABSENT) && a.contains(&ABSENT));
+}
+
+#[test]
+fn dense_lookup_gives_the_mphf_slots() {
+    // Int64 keys 0, 3, 6, … with NULLs; probes: members, gaps, out of range both sides, NULLs.
+    let keys: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..5000i64).map(|i| (i % 13 != 0).then_some(i * 3)),
+    ));
+    let probe = Int64Array::from_iter((-50..21_000i64).map(|i| (i % 17 != 0).then_some(i)));
+    dense_agrees(&[keys], &probe);
+    // Narrow and unsigned types, a probe of another integer type (cast to the key type).
+    let keys: ArrayRef = Arc::new(Int16Array::from_iter_values((-300..300i16).map(|i| i * 3)));
+    dense_agrees(&[keys], &Int16Array::from_iter_values(-1000..1000));
+    let keys: ArrayRef = Arc::new(UInt32Array::from_iter_values((0..4000u32).map(|i| i * 2 + 7)));
+    dense_agrees(&[keys], &Int64Array::from_iter_values(0..9000));
+    let keys: ArrayRef = Arc::new(Date32Array::from_iter_values(19_000..21_000));
+    dense_agrees(&[keys], &Date32Array::from_iter_values(18_990..21_010));
+}
+
+#[test]
+fn dense_lookup_declines_sparse_and_non_integer_keys() {
+    let sparse: ArrayRef = Arc::new(Int64Array::from_iter_values((0..1000i64).map(|i| i * 1000)));
+    let idx = ColumnIndex::build(&[sparse], &opts()).unwrap().with_dense_lookup(16.0);
+    assert_eq!(idx.dense_lookup_bytes(), 0);
+    let huge: ArrayRef = Arc::new(UInt64Array::from(vec![u64::MAX, u64::MAX - 1, 3]));
+    let idx = ColumnIndex::build(&[huge], &opts()).unwrap().with_dense_lookup(16.0);
+    assert_eq!(idx.dense_lookup_bytes(), 0);
+    let strings: ArrayRef = Arc::new(StringArray::from(vec!["a", "b"]));
+    let idx = ColumnIndex::build(&[strings], &opts()).unwrap().with_dense_lookup(16.0);
+    assert_eq!(idx.dense_lookup_bytes(), 0);
+    let dense: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
+    let idx = ColumnIndex::build(&[dense], &opts()).unwrap().with_dense_lookup(0.0);
+    assert_eq!(idx.dense_lookup_bytes(), 0);
+}

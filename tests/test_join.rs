@@ -158,3 +158,17 @@ async fn explain_analyze_shows_build_and_lookup_metrics() {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_side_from_a_join_is_declined() {
+    let ctx = setup(2, false).await;
+    // x.id carries dim.id's index label but went through a join (keys may repeat): only the
+    // inner join runs on slots.
+    let plan = compare(
+        &ctx,
+        "SELECT count(*), sum(b.bid) FROM (SELECT d.id FROM dim d JOIN fact f ON d.id = f.id) x \
+         JOIN big b ON x.id = b.k",
+    )
+    .await;
+    assert_eq!(plan.matches("MphfJoinExec").count(), 1, "{plan}");
+}

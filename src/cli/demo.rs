@@ -1,12 +1,15 @@
-//! `mphf demo` and `mphf bench groupby`: the same queries on the same in-memory TPC-H data in
-//! two sessions of one process, vanilla DataFusion and the MPHF extension, with the rows checked
-//! equal and the median times compared.
+//! `mphf demo`, `mphf bench groupby` and `mphf bench join`: the same queries on the same
+//! in-memory TPC-H data in two sessions of one process, vanilla DataFusion and the MPHF
+//! extension, with the rows checked equal and the median times compared.
 //!
 //! The MPHF session has indexes on `orders.o_orderkey`, `lineitem.l_orderkey`,
-//! `lineitem.l_suppkey`, `lineitem.l_partkey` and the string key `customer.c_name`. The queries
-//! are plain SQL: the optimizer rule swaps hash aggregation for `MphfAggregateExec` where the
-//! group key is indexed and leaves the rest to DataFusion (its decline rule keeps small group
-//! counts on hash tables). Two `mphf_index` queries show the function itself.
+//! `lineitem.l_suppkey`, `lineitem.l_partkey`, `customer.c_custkey` and the string key
+//! `customer.c_name`. The queries are plain SQL: the optimizer rules swap hash aggregation for
+//! `MphfAggregateExec` and hash joins for `MphfJoinExec` where the key is indexed and leave the
+//! rest to DataFusion (their decline rules keep small tables on hash tables, and dense integer
+//! joins on DataFusion's `ArrayMap`). Two `mphf_index` queries show the function itself. For
+//! joins the table also says which path the vanilla plan took (hash join mode, or `ArrayMap`,
+//! from the `array_map_created_count` metric).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,6 +19,7 @@ use ::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use ::datafusion::arrow::util::pretty::pretty_format_batches;
 use ::datafusion::datasource::MemTable;
 use ::datafusion::physical_plan::displayable;
+use ::datafusion::physical_plan::joins::HashJoinExec;
 use ::datafusion::prelude::{SessionConfig, SessionContext};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -43,9 +47,63 @@ pub struct DemoArgs {
     pub explain: bool,
 }
 
+/// Which queries a run shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// `mphf demo`: GROUP BY, JOIN and `mphf_index` queries.
+    Demo,
+    /// `mphf bench groupby`.
+    GroupBy,
+    /// `mphf bench join`.
+    Join,
+}
+
 /// (label, MPHF-session query, vanilla-session query). The same text unless the query shows
 /// `mphf_index` itself.
-const QUERIES: &[(&str, &str, &str)] = &[
+type Query = (&'static str, &'static str, &'static str);
+
+/// Join queries (`mphf bench join`, and the first two in `mphf demo`).
+const JOIN_QUERIES: &[Query] = &[
+    (
+        "lineitem ⋈ orders (orderkey)",
+        "SELECT count(*), sum(l_quantity), sum(o_totalprice) FROM lineitem JOIN orders ON l_orderkey = o_orderkey",
+        "",
+    ),
+    (
+        "orders ⋈ customer (custkey)",
+        "SELECT count(*), sum(o_totalprice), max(c_acctbal) FROM orders JOIN customer ON o_custkey = c_custkey",
+        "",
+    ),
+    (
+        "orders ⋈ customer (string key)",
+        "SELECT count(*), sum(o_totalprice), max(c_acctbal) FROM orders_by_name JOIN customer ON o_cname = c_name",
+        "",
+    ),
+    (
+        "lineitem ⋉ orders (semi, filter)",
+        "SELECT count(*) FROM lineitem WHERE l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_orderpriority = '1-URGENT')",
+        "",
+    ),
+    (
+        "TPC-H Q3",
+        "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
+         FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey \
+         AND l_orderkey = o_orderkey AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15' \
+         GROUP BY l_orderkey, o_orderdate, o_shippriority ORDER BY revenue DESC, o_orderdate LIMIT 10",
+        "",
+    ),
+    (
+        "TPC-H Q18",
+        "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) FROM customer, orders, lineitem \
+         WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300) \
+         AND c_custkey = o_custkey AND o_orderkey = l_orderkey \
+         GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice ORDER BY o_totalprice DESC, o_orderdate LIMIT 100",
+        "",
+    ),
+];
+
+/// GROUP BY and `mphf_index` queries (`mphf bench groupby`, `mphf demo`).
+const QUERIES: &[Query] = &[
     (
         "GROUP BY l_orderkey",
         "SELECT l_orderkey, count(*), sum(l_quantity) FROM lineitem GROUP BY l_orderkey",
@@ -136,18 +194,44 @@ async fn time_query(run: impl AsyncFn() -> Result<Vec<RecordBatch>>, runs: usize
     Ok((times[times.len() / 2], rows))
 }
 
-/// True when the MPHF session's physical plan of `sql` uses `MphfAggregateExec`.
-async fn uses_mphf(ctx: &MphfContext, sql: &str) -> Result<bool> {
+/// The MPHF operators in the MPHF session's physical plan of `sql` ("agg", "join"), or "hash".
+async fn mphf_operators(ctx: &MphfContext, sql: &str) -> Result<String> {
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     let text = displayable(plan.as_ref()).indent(true).to_string();
-    Ok(text.contains("MphfAggregateExec"))
+    let ops: Vec<&str> = [("MphfAggregateExec", "agg"), ("MphfJoinExec", "join")]
+        .into_iter()
+        .filter(|(name, _)| text.contains(name))
+        .map(|(_, short)| short)
+        .collect();
+    Ok(if ops.is_empty() { "hash".into() } else { ops.join("+") })
 }
 
-/// Runs `mphf demo` / `mphf bench groupby`.
+/// How the vanilla session ran the joins of `sql`: each `HashJoinExec`'s mode, with `ArrayMap`
+/// when its `array_map_created_count` metric says DataFusion built its dense-integer map.
+async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    ::datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    let mut paths = Vec::new();
+    let mut stack = vec![plan];
+    while let Some(node) = stack.pop() {
+        if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+            let array_map = node
+                .metrics()
+                .and_then(|m| m.sum_by_name("array_map_created_count"))
+                .is_some_and(|v| v.as_usize() > 0);
+            let mode = format!("{:?}", join.partition_mode());
+            paths.push(if array_map { format!("{mode}/ArrayMap") } else { mode });
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    Ok(if paths.is_empty() { "-".into() } else { paths.join(",") })
+}
+
+/// Runs `mphf demo` / `mphf bench groupby` / `mphf bench join`.
 ///
 /// # Errors
 /// Generation, index and query errors; a result mismatch between MPHF and vanilla.
-pub async fn run(args: DemoArgs) -> Result<()> {
+pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
     let parts = args
         .partitions
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -163,6 +247,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
         vanilla.register_table(table, mem)?;
     }
+    // A string join key: each order with its customer's name (same data in both sessions).
+    let by_name = "CREATE TABLE orders_by_name AS SELECT o_orderkey, o_totalprice, \
+                   'Customer#' || lpad(CAST(o_custkey AS VARCHAR), 9, '0') AS o_cname FROM orders";
+    if suite != Suite::GroupBy {
+        mphf.ctx().sql(by_name).await?.collect().await?;
+        vanilla.sql(by_name).await?.collect().await?;
+    }
     eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
 
     let indexes = [
@@ -171,6 +262,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         ("li_sk", "lineitem", "l_suppkey"),
         ("li_pk", "lineitem", "l_partkey"),
         ("c_name", "customer", "c_name"),
+        ("c_ck", "customer", "c_custkey"),
     ];
     for (name, table, col) in indexes {
         let t = Instant::now();
@@ -193,7 +285,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let (sep, head) = if args.markdown {
         (
             "|",
-            "| query | vanilla ms | mphf ms | speed-up | MphfAggregateExec | same rows |\n|---|---|---|---|---|---|",
+            "| query | vanilla ms | mphf ms | speed-up | MPHF operators | vanilla joins | same rows |\n|---|---|---|---|---|---|---|",
         )
     } else {
         ("", "")
@@ -202,20 +294,26 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         println!("{head}");
     } else {
         println!(
-            "{:<28} {:>11} {:>11} {:>9}  {:<8} same rows",
-            "query (median ms)", "vanilla", "mphf", "speed-up", "operator"
+            "{:<34} {:>11} {:>11} {:>9}  {:<9} {:<26} same rows",
+            "query (median ms)", "vanilla", "mphf", "speed-up", "operator", "vanilla joins"
         );
     }
     let mut mismatches = 0;
-    for (label, q_mphf, q_vanilla) in QUERIES {
+    let queries: Vec<&Query> = match suite {
+        Suite::GroupBy => QUERIES.iter().collect(),
+        Suite::Join => JOIN_QUERIES.iter().collect(),
+        Suite::Demo => QUERIES[..5]
+            .iter()
+            .chain(&JOIN_QUERIES[..3])
+            .chain(&QUERIES[5..])
+            .collect(),
+    };
+    for (label, q_mphf, q_vanilla) in queries {
         let q_vanilla = if q_vanilla.is_empty() { q_mphf } else { q_vanilla };
         let (tv, rv) = time_query(async || Ok(vanilla.sql(q_vanilla).await?.collect().await?), args.runs).await?;
         let (tm, rm) = time_query(async || Ok(mphf.sql(q_mphf).await?.collect().await?), args.runs).await?;
-        let operator = if uses_mphf(&mphf, q_mphf).await? {
-            "mphf"
-        } else {
-            "hash"
-        };
+        let operator = mphf_operators(&mphf, q_mphf).await?;
+        let joins = vanilla_join_paths(&vanilla, q_vanilla).await?;
         if args.explain {
             let plan = mphf.sql(&format!("EXPLAIN ANALYZE {q_mphf}")).await?.collect().await?;
             eprintln!("{label}:\n{}", pretty_format_batches(&plan)?);
@@ -228,12 +326,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let same = if same { "yes" } else { "NO" };
         if args.markdown {
             println!(
-                "{sep} {label} {sep} {tv:.1} {sep} {tm:.1} {sep} {:.2}× {sep} {operator} {sep} {same} {sep}",
+                "{sep} {label} {sep} {tv:.1} {sep} {tm:.1} {sep} {:.2}× {sep} {operator} {sep} {joins} {sep} {same} {sep}",
                 tv / tm
             );
         } else {
             println!(
-                "{label:<28} {tv:>11.1} {tm:>11.1} {:>8.2}x  {operator:<8} {same}",
+                "{label:<34} {tv:>11.1} {tm:>11.1} {:>8.2}x  {operator:<9} {joins:<26} {same}",
                 tv / tm
             );
         }

@@ -63,6 +63,9 @@ pub enum BenchCommand {
     Slots(bench_slots::BenchSlotsArgs),
     /// TPC-H GROUP BY queries with and without MPHF in one process: median times and ratios.
     Groupby(demo::DemoArgs),
+    /// TPC-H joins on key columns with and without MPHF in one process: median times, ratios
+    /// and the path vanilla DataFusion took (hash join mode or ArrayMap).
+    Join(demo::DemoArgs),
 }
 
 /// Runs a parsed command line.
@@ -76,9 +79,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Lookup(args) => lookup::run(&args),
         Command::Sql(args) => block_on(sql::run(args)),
         Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
-        Command::Demo(args) => block_on(demo::run(args)),
+        Command::Demo(args) => block_on(demo::run(args, demo::Suite::Demo)),
         Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
-        Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args)),
+        Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args, demo::Suite::GroupBy)),
+        Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())

@@ -25,6 +25,10 @@ extensions_options! {
         /// the input's row count is estimated; beyond it, emitting the partials costs more than
         /// the rows save.
         pub aggregate_max_slot_entries_per_row: f64, default = 1.0
+        /// Lookups of dense integer keys read a direct key → slot table (same slots as the MPHF)
+        /// when it costs at most this many bytes per key (4 per value of the key range); 0: off.
+        /// Takes effect for indexes created (or loaded) afterwards.
+        pub dense_lookup_max_bytes_per_key: f64, default = 16.0
         /// Replace hash joins by `MphfJoinExec` when the build side's join key is indexed.
         pub enable_join: bool, default = true
         /// Costing: joins on indexes with fewer slots stay hash joins (cache-resident tables).

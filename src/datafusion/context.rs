@@ -499,7 +499,8 @@ impl MphfContext {
             }
         };
 
-        let size = index.size_bytes() as usize;
+        let index = index.with_dense_lookup(self.config().dense_lookup_max_bytes_per_key);
+        let size = (index.size_bytes() + index.dense_lookup_bytes()) as usize;
         let reservation =
             MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
         reservation.try_grow(size).map_err(|e| {

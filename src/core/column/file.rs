@@ -371,6 +371,7 @@ pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
         mphf_words,
         key_words,
         mapped: words.is_mapped(),
+        dense: None,
     })
 }
 

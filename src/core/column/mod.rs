@@ -17,6 +17,7 @@
 //! Invariant: a lookup of `x` gives a slot `s` iff `x` is a non-NULL key of the build column,
 //! and then `keys()[s] == x`; the slots of the distinct keys are exactly `0..len()`.
 
+pub mod dense;
 pub mod file;
 pub mod keys;
 
@@ -30,6 +31,7 @@ use arrow::buffer::{BooleanBuffer, NullBuffer};
 use arrow::datatypes::{DataType, TimeUnit};
 use rayon::prelude::*;
 
+use self::dense::DenseSlots;
 use self::keys::{arrow_type_of, key_type_of, probe_castable, with_col, with_pair, ColFn, ColKeySet, KeyCol, PairFn};
 use crate::core::build::BucketSolver;
 use crate::core::words::{WordWriter, Words};
@@ -146,6 +148,8 @@ pub struct ColumnIndex {
     pub(crate) key_words: u64,
     /// True when the arrays live in a memory map.
     pub(crate) mapped: bool,
+    /// Direct key → slot table for dense integer keys ([`ColumnIndex::with_dense_lookup`]).
+    pub(crate) dense: Option<Arc<DenseSlots>>,
 }
 
 impl fmt::Debug for ColumnIndex {
@@ -394,6 +398,7 @@ impl ColumnIndex {
             mphf_words: 0,
             key_words: 0,
             mapped: false,
+            dense: None,
         };
         let mut w = WordWriter::new();
         idx.mphf.write(&mut w);
@@ -501,6 +506,11 @@ impl ColumnIndex {
         if self.is_empty() || probe.is_empty() || probe.logical_null_count() == probe.len() {
             return Ok(());
         }
+        if let Some(dense) = &self.dense {
+            if dense.lookup(probe, out) {
+                return Ok(());
+            }
+        }
         let nulls = probe.logical_nulls();
         let f = ProbeFn {
             mphf: &self.mphf,
@@ -519,6 +529,19 @@ impl ColumnIndex {
     pub fn set_provenance(&mut self, provenance: String) {
         self.provenance = provenance;
     }
+    /// Adds the dense-key table (see [`dense`]) when the keys are integers whose range costs at
+    /// most `max_bytes_per_key` bytes (4 per value in the range) per key; lookups then read the
+    /// table instead of querying the MPHF, with identical answers. `0` disables it.
+    pub fn with_dense_lookup(mut self, max_bytes_per_key: f64) -> Self {
+        self.dense = DenseSlots::build(self.keys.as_ref(), max_bytes_per_key).map(Arc::new);
+        self
+    }
+
+    /// Bytes of the dense-key table (0 without one).
+    pub fn dense_lookup_bytes(&self) -> u64 {
+        self.dense.as_ref().map_or(0, |d| d.size_bytes() as u64)
+    }
+
     /// Bytes of the serialized index.
     pub fn size_bytes(&self) -> u64 {
         file::serialized_len(self)

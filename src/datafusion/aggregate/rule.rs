@@ -21,7 +21,9 @@
 //!   reuses the slot of a repeated key), at 60–80 ns per query on the 2-core machine, while
 //!   DataFusion's vectorized hashing costs 25–50 ns per row: one query per row loses
 //!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
-//!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md.
+//!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md. Indexes with a
+//!   dense-key table (integer keys in a narrow range, `mphf.dense_lookup_max_bytes_per_key`)
+//!   skip this check: their lookups are one array read.
 //!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
@@ -112,7 +114,8 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     if slots < costing.min_slots {
         return Ok(None);
     }
-    if handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
+    // With a dense-key table a lookup is one array read, clustered or not.
+    if index.dense_lookup_bytes() == 0 && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
         return Ok(None);
     }
     if let Ok(stats) = StatisticsContext::new().compute(agg.input().as_ref(), &StatisticsArgs::new()) {
