@@ -141,11 +141,17 @@ impl datafusion::physical_plan::ExecutionPlanVisitor for MetricsVisitor<'_> {
     }
 }
 
-/// The costing rule declines an unclustered key and a small index by default.
+/// The costing rule declines an unclustered key (unless its lookups are dense-table reads) and
+/// a small index by default.
 #[tokio::test]
 async fn costing_declines_unclustered_and_small_keys() {
     let ctx = setup(2).await;
     ctx.sql("SET mphf.aggregate_min_rows_per_run = 2").await.unwrap();
+    // t.k is dense (0..5999): its dense-key table makes the lookups cheap, clustered or not.
+    assert!(compare(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await);
+    ctx.sql("SET mphf.dense_lookup_max_bytes_per_key = 0").await.unwrap();
+    ctx.sql("DROP INDEX t_k").await.unwrap();
+    ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
     assert!(!compare(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await);
     // Clustered: 4 rows per key in table order.
     ctx.sql("CREATE TABLE c AS SELECT value / 4 AS k, value AS v FROM generate_series(0, 39999)")
