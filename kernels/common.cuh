@@ -40,3 +40,11 @@ __device__ __forceinline__ u32 range_h32(u64 x, u32 m) {
     u32 f = (u32)(x >> 32) ^ (u32)x;
     return ((fmix32(f) & 0xFFFFu) * m) >> 16;
 }
+
+// Stafford's Mix13 64-bit finalizer, a bijection on u64 (src/core/hash.rs mix64, spec §4.2).
+// Used by the query kernels to hash integer keys exactly as hash_u64 does (spec §2.5).
+__device__ __forceinline__ u64 mix64(u64 z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}

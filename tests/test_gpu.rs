@@ -21,6 +21,19 @@ fn every_kernel_variant_compiles_to_ptx() {
 }
 
 #[test]
+fn every_query_kernel_compiles_to_ptx() {
+    if !kernels::nvrtc_available() {
+        println!("SKIPPED: libnvrtc cannot be loaded; run .ci/install-nvrtc.sh and add its output to LD_LIBRARY_PATH");
+        return;
+    }
+    let modules = kernels::compile_all_query_kernels_to_ptx(kernels::DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(modules.len(), 23 * 2 + 1);
+    for (name, len) in modules {
+        assert!(len > 1000, "PTX of {name} is only {len} bytes");
+    }
+}
+
+#[test]
 fn device_parses() {
     assert_eq!("auto".parse::<Device>(), Ok(Device::Auto));
     assert_eq!("CPU".parse::<Device>(), Ok(Device::Cpu));

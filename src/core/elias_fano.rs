@@ -277,7 +277,52 @@ fn next_one(words: &[u64], mut idx: usize, word: u64, bit: u32) -> u64 {
     }
 }
 
+/// Borrowed raw fields of a [`DoubleEliasFano`], for a device copy (the GPU query of spec §9
+/// decodes them exactly as [`DoubleEliasFano::get_unchecked`] does).
+#[derive(Clone, Copy, Debug)]
+pub struct EliasFanoParts<'a> {
+    /// Number of buckets B.
+    pub num_buckets: u64,
+    /// Low bits stored per φ_i.
+    pub l_lambda: u32,
+    /// Low bits stored per χ_i.
+    pub l_psi: u32,
+    /// δ_λ.
+    pub delta_lambda: u64,
+    /// δ_ψ as a wrapped two's complement value.
+    pub delta_psi: u64,
+    /// β in 20-bit fixed point.
+    pub beta: u64,
+    /// J: log2 of the buckets per jump entry.
+    pub log2_jump: u32,
+    /// Interleaved low bits plus one padding word.
+    pub lower: &'a [u64],
+    /// Upper bits of φ.
+    pub upper_lambda: &'a [u64],
+    /// Upper bits of χ.
+    pub upper_psi: &'a [u64],
+    /// Jump entries.
+    pub jump: &'a [u64],
+}
+
 impl DoubleEliasFano {
+    /// The raw fields (see [`EliasFanoParts`]).
+    pub fn parts(&self) -> EliasFanoParts<'_> {
+        EliasFanoParts {
+            num_buckets: self.num_buckets,
+            l_lambda: self.l_lambda,
+            l_psi: self.l_psi,
+            delta_lambda: self.delta_lambda,
+            delta_psi: self.delta_psi,
+            beta: self.beta,
+            log2_jump: self.log2_jump,
+            lower: &self.lower,
+            upper_lambda: &self.upper_lambda,
+            upper_psi: &self.upper_psi,
+            jump: &self.jump,
+        }
+    }
+
     /// Builds from `cum_keys` (λ) and `bit_pos` (σ), both of length `B+1`, nondecreasing,
     /// starting at 0.
     ///

@@ -88,7 +88,15 @@ pub const fn bucket_of(hi: u64, num_buckets: u64) -> u64 {
 // the `hi` and `lo` mixers of integer keys from each other and from the user seed.
 const INT_SEED_LO: u64 = 0x243f_6a88_85a3_08d3;
 const INT_SEED_HI: u64 = 0x1319_8a2e_0370_7344;
-const INT_HI_SALT: u64 = 0xb7e1_5162_8aed_2a6b;
+/// Salt between the two `hi` mixers of an integer key (also sent to the GPU query kernels).
+pub const INT_HI_SALT: u64 = 0xb7e1_5162_8aed_2a6b;
+
+/// The per-seed constants `(s_lo, s_hi)` of [`hash_u64`]: `lo = mix64(key ^ s_lo)`,
+/// `hi = mix64(mix64(key ^ s_hi) ^ INT_HI_SALT)`. The GPU query computes them once on the host.
+#[inline(always)]
+pub const fn int_hash_seeds(seed: u64) -> (u64, u64) {
+    (mix64(seed ^ INT_SEED_LO), mix64(seed ^ INT_SEED_HI))
+}
 
 /// Hash of an integer key (any integer ≤ 64 bits, widened to its `u64` bit pattern).
 ///
@@ -96,8 +104,7 @@ const INT_HI_SALT: u64 = 0xb7e1_5162_8aed_2a6b;
 /// (spec §2.5); `hi` uses an unrelated mixer chain.
 #[inline(always)]
 pub const fn hash_u64(key: u64, seed: u64) -> Hash128 {
-    let s_lo = mix64(seed ^ INT_SEED_LO);
-    let s_hi = mix64(seed ^ INT_SEED_HI);
+    let (s_lo, s_hi) = int_hash_seeds(seed);
     Hash128 {
         hi: mix64(mix64(key ^ s_hi) ^ INT_HI_SALT),
         lo: mix64(key ^ s_lo),

@@ -5,13 +5,18 @@
 //! passed as `-D LEAF_SEED` from [`SEED_LEAF`] so host and device cannot disagree. The split
 //! seeds are kernel arguments. NVRTC needs no GPU, only `libnvrtc`, so CI can compile every
 //! variant ([`compile_all_kernels_to_ptx`]).
+//!
+//! The query side has two more modules: `query.cu` (batch lookup, spec §9) once per
+//! (ℓ, rotation), with the tree constants and seeds as `-D` options, and `groupby.cu` (GROUP BY
+//! on slots) once; [`compile_all_query_kernels_to_ptx`] compiles them all for CI.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use crate::core::hash::SEED_LEAF;
+use crate::core::hash::{INT_HI_SALT, SEED_AGG1, SEED_AGG2, SEED_LEAF, START_SEEDS};
 use crate::core::params::{MAX_LEAF, MIN_LEAF};
+use crate::core::tree::{lower_aggr, upper_aggr};
 
 /// Device twins of the hashing and the node record.
 pub const COMMON_CUH: &str = include_str!("../../kernels/common.cuh");
@@ -20,22 +25,172 @@ pub const SPLIT_CU: &str = include_str!("../../kernels/split.cu");
 /// Leaf bijection kernel (with rotation).
 pub const LEAF_CU: &str = include_str!("../../kernels/leaf.cu");
 
+/// Batch lookup (spec §9 on the device) with membership verification.
+pub const QUERY_CU: &str = include_str!("../../kernels/query.cu");
+/// GROUP BY on slots: count, sum, min, max with shared-memory privatization and warp combining.
+pub const GROUPBY_CU: &str = include_str!("../../kernels/groupby.cu");
+
+/// Kernels of every query module (one module per (ℓ, rotation)).
+pub const QUERY_KERNEL_NAMES: [&str; 6] = [
+    "lookup_int_u32",
+    "lookup_int_u64",
+    "lookup_int_runs_u32",
+    "lookup_int_runs_u64",
+    "lookup_bytes_u32",
+    "lookup_bytes_u64",
+];
+
+/// Kernels of the GROUP BY module: `groupby_<value>_<shared|global>_<plain|match>` plus helpers.
+pub const GROUPBY_KERNEL_NAMES: [&str; 14] = [
+    "groupby_none_shared_plain",
+    "groupby_none_shared_match",
+    "groupby_none_global_plain",
+    "groupby_none_global_match",
+    "groupby_i64_shared_plain",
+    "groupby_i64_shared_match",
+    "groupby_i64_global_plain",
+    "groupby_i64_global_match",
+    "groupby_f64_shared_plain",
+    "groupby_f64_shared_match",
+    "groupby_f64_global_plain",
+    "groupby_f64_global_match",
+    "groupby_sample",
+    "fill_u64",
+];
+
 /// Names of the kernels in every module.
 pub const KERNEL_NAMES: [&str; 3] = ["split_high", "split_agg", "leaf_search"];
 
 /// Architecture used when no device says otherwise (the H200's).
 pub const DEFAULT_ARCH: &str = "compute_90";
 
-/// The whole module's source: `common.cuh` once, then the `.cu` files without their
-/// `#include "common.cuh"` lines (NVRTC is given no include path).
+/// A `.cu` file without its `#include "common.cuh"` line (NVRTC is given no include path).
+fn strip_include(s: &str) -> String {
+    s.lines()
+        .filter(|l| l.trim() != "#include \"common.cuh\"")
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The whole build module's source: `common.cuh` once, then the `.cu` files without their
+/// `#include "common.cuh"` lines.
 pub fn module_source() -> String {
-    let strip = |s: &str| {
-        s.lines()
-            .filter(|l| l.trim() != "#include \"common.cuh\"")
-            .collect::<Vec<_>>()
-            .join("\n")
+    format!(
+        "{COMMON_CUH}\n{}\n{}\n",
+        strip_include(SPLIT_CU),
+        strip_include(LEAF_CU)
+    )
+}
+
+/// The query module's source (`common.cuh` + `query.cu`).
+pub fn query_source() -> String {
+    format!("{COMMON_CUH}\n{}\n", strip_include(QUERY_CU))
+}
+
+/// The GROUP BY module's source (`common.cuh` + `groupby.cu`).
+pub fn groupby_source() -> String {
+    format!("{COMMON_CUH}\n{}\n", strip_include(GROUPBY_CU))
+}
+
+/// NVRTC options of the query module for (`leaf`, `rotation`): the tree constants A1, A2, the
+/// seeds of spec §4.3 and the integer-hash salt, all from the Rust constants.
+pub fn query_compile_options(leaf: usize, rotation: bool, arch: &str) -> Vec<String> {
+    let seeds = START_SEEDS
+        .iter()
+        .map(|s| format!("{s:#x}ULL"))
+        .collect::<Vec<_>>()
+        .join(",");
+    vec![
+        format!("--gpu-architecture={arch}"),
+        format!("-DLEAF={leaf}"),
+        format!("-DROTATION={}", rotation as u8),
+        format!("-DLOWER_AGGR={}u", lower_aggr(leaf)),
+        format!("-DUPPER_AGGR={}u", upper_aggr(leaf)),
+        format!("-DLEAF_SEED={SEED_LEAF:#x}ULL"),
+        format!("-DSEED_AGG1={SEED_AGG1:#x}ULL"),
+        format!("-DSEED_AGG2={SEED_AGG2:#x}ULL"),
+        format!("-DINT_HI_SALT={INT_HI_SALT:#x}ULL"),
+        format!("-DSTART_SEEDS_INIT={seeds}"),
+        "-std=c++17".to_string(),
+    ]
+}
+
+/// Runs NVRTC on `src` with `options`; `what` names the module in errors.
+fn nvrtc(src: &str, options: Vec<String>, what: &str) -> Result<Ptx, String> {
+    if !nvrtc_available() {
+        return Err(
+            "libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into(),
+        );
+    }
+    let opts = CompileOptions {
+        options,
+        ..Default::default()
     };
-    format!("{COMMON_CUH}\n{}\n{}\n", strip(SPLIT_CU), strip(LEAF_CU))
+    match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(src, opts))) {
+        Ok(Ok(ptx)) => Ok(ptx),
+        Ok(Err(cudarc::nvrtc::CompileError::CompileError { log, options, .. })) => Err(format!(
+            "NVRTC failed for {what} ({}): {}",
+            options.join(" "),
+            log.to_string_lossy()
+        )),
+        Ok(Err(e)) => Err(format!("NVRTC failed for {what}: {e}")),
+        Err(_) => Err(format!("NVRTC panicked while compiling {what}")),
+    }
+}
+
+/// Compiles the query module for (`leaf`, `rotation`) to PTX for `arch`.
+///
+/// # Errors
+/// A message when libnvrtc is missing or the source does not compile (with NVRTC's log).
+pub fn compile_query(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
+    nvrtc(
+        &query_source(),
+        query_compile_options(leaf, rotation, arch),
+        &format!("the query module (leaf {leaf}, rotation {rotation})"),
+    )
+}
+
+/// Compiles the GROUP BY module to PTX for `arch`.
+///
+/// # Errors
+/// As [`compile_query`].
+pub fn compile_groupby(arch: &str) -> Result<Ptx, String> {
+    nvrtc(
+        &groupby_source(),
+        vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string()],
+        "the GROUP BY module",
+    )
+}
+
+/// Compiles every query-side module for `arch` (the query module for ℓ in 2..=24 with rotation
+/// off and on, and the GROUP BY module) and checks that each PTX holds its kernels; returns
+/// `(module name, PTX length)` per module. Used by CI like [`compile_all_kernels_to_ptx`].
+///
+/// # Errors
+/// The first module that fails, with NVRTC's log.
+pub fn compile_all_query_kernels_to_ptx(arch: &str) -> Result<Vec<(String, usize)>, String> {
+    let mut out = Vec::new();
+    let check = |name: String, text: String, kernels: &[&str]| -> Result<(String, usize), String> {
+        for k in kernels {
+            if !text.contains(k) {
+                return Err(format!("PTX of {name} lacks kernel {k}"));
+            }
+        }
+        Ok((name, text.len()))
+    };
+    for leaf in MIN_LEAF..=MAX_LEAF {
+        for rotation in [false, true] {
+            let ptx = compile_query(leaf, rotation, arch)?;
+            out.push(check(
+                format!("query(leaf {leaf}, rotation {rotation})"),
+                ptx.to_src(),
+                &QUERY_KERNEL_NAMES,
+            )?);
+        }
+    }
+    let ptx = compile_groupby(arch)?;
+    out.push(check("groupby".into(), ptx.to_src(), &GROUPBY_KERNEL_NAMES)?);
+    Ok(out)
 }
 
 /// NVRTC options for leaf size `leaf`, `rotation` (with the queued variant when `queue`),

@@ -11,7 +11,9 @@
 //! entry point checks for the library first and wraps the first load in `catch_unwind`.
 
 pub mod build;
+pub mod groupby;
 pub mod kernels;
+pub mod query;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,6 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 pub use build::GpuSolver;
+pub use groupby::{AggOp, GpuGroupBy, GroupByResult};
+pub use query::GpuIndex;
 
 use crate::core::{BucketSolver, Params};
 
@@ -79,6 +83,8 @@ pub struct GpuContext {
     arch: String,
     name: String,
     modules: Mutex<HashMap<(usize, bool), Arc<Kernels>>>,
+    /// Query-side modules (`query.cu` per (ℓ, rotation), `groupby.cu`), by name.
+    query_modules: Mutex<HashMap<String, Arc<CudaModule>>>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -127,6 +133,7 @@ impl GpuContext {
             arch: format!("compute_{major}{minor}"),
             name,
             modules: Mutex::new(HashMap::new()),
+            query_modules: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -143,6 +150,52 @@ impl GpuContext {
     /// Free and total device memory in bytes.
     pub fn memory(&self) -> Result<(usize, usize), String> {
         self.ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo failed: {e}"))
+    }
+
+    /// A query-side module named `key`, compiled by `compile` and loaded on first use, then
+    /// cached for the context's lifetime.
+    ///
+    /// # Errors
+    /// NVRTC or module-load failures.
+    pub(crate) fn module_cached(
+        &self,
+        key: &str,
+        compile: impl FnOnce(&str) -> Result<cudarc::nvrtc::Ptx, String>,
+    ) -> Result<Arc<CudaModule>, String> {
+        let mut map = self
+            .query_modules
+            .lock()
+            .map_err(|_| "kernel cache poisoned".to_string())?;
+        if let Some(m) = map.get(key) {
+            return Ok(m.clone());
+        }
+        let ptx = compile(&self.arch)?;
+        let module = catch_unwind(AssertUnwindSafe(|| self.ctx.load_module(ptx)))
+            .map_err(|_| format!("loading the {key} module panicked"))?
+            .map_err(|e| format!("cannot load the {key} module: {e}"))?;
+        map.insert(key.to_string(), module.clone());
+        Ok(module)
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<u32, String> {
+        self.ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|v| v as u32)
+            .map_err(|e| format!("cannot read the SM count: {e}"))
+    }
+
+    /// Largest dynamic shared memory a block may opt in to, in bytes.
+    pub fn max_shared_optin(&self) -> Result<u32, String> {
+        self.ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map(|v| v as u32)
+            .map_err(|e| format!("cannot read the shared memory size: {e}"))
+    }
+
+    /// The context's stream (all query-side work runs on it, in order).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     /// The kernels for (ℓ, rotation), compiled and loaded on first use.

@@ -461,7 +461,7 @@ impl ColumnIndex {
     }
 
     /// The probe cast to the key type (`None`: already of the key type).
-    fn cast_probe(&self, probe: &dyn Array) -> Result<Option<ArrayRef>> {
+    pub(crate) fn cast_probe(&self, probe: &dyn Array) -> Result<Option<ArrayRef>> {
         let dt = self.key_type.to_arrow();
         if probe.data_type() == &dt {
             return Ok(None);
