@@ -45,6 +45,9 @@ pub struct DemoArgs {
     /// Also print the MPHF session's `EXPLAIN ANALYZE` of each query (on stderr).
     #[arg(long)]
     pub explain: bool,
+    /// Run only the queries whose label contains this text (case-insensitive).
+    #[arg(long)]
+    pub only: Option<String>,
 }
 
 /// Which queries a run shows.
@@ -308,6 +311,10 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             .chain(&QUERIES[5..])
             .collect(),
     };
+    let only = args.only.as_deref().map(str::to_lowercase);
+    let queries = queries
+        .into_iter()
+        .filter(|(label, _, _)| only.as_ref().is_none_or(|o| label.to_lowercase().contains(o)));
     for (label, q_mphf, q_vanilla) in queries {
         let q_vanilla = if q_vanilla.is_empty() { q_mphf } else { q_vanilla };
         let (tv, rv) = time_query(async || Ok(vanilla.sql(q_vanilla).await?.collect().await?), args.runs).await?;
