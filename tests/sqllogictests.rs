@@ -190,6 +190,7 @@ fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     mphf_options.aggregate_min_slots = 0;
     mphf_options.join_min_slots = 0;
     mphf_options.join_yield_to_array_map = false;
+    mphf_options.join_min_probe_rows_per_run = 0.0;
     mphf_options.aggregate_min_rows_per_run = 0.0;
     mphf_options.aggregate_max_slot_entries_per_row = f64::INFINITY;
     let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));

@@ -32,6 +32,7 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
         "CREATE INDEX dim_name ON dim USING mphf (name)",
         "CREATE INDEX fact_id ON fact USING mphf (id)",
         "SET mphf.join_yield_to_array_map = false",
+        "SET mphf.join_min_probe_rows_per_run = 0",
     ] {
         ctx.sql(sql).await.unwrap().collect().await.unwrap();
     }
@@ -131,9 +132,13 @@ async fn costing_yields_to_array_map_and_small_indexes() {
     // dim.id is 0..7999 and dense: DataFusion's ArrayMap wins, the rule declines.
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.id = d.id").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
-    // a string key has no ArrayMap
+    // a string key has no ArrayMap, but its unclustered probe costs an MPHF query per row
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(plan.contains("MphfJoinExec"), "{plan}");
+    ctx.sql("SET mphf.join_min_probe_rows_per_run = 2").await.unwrap();
+    let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    ctx.sql("SET mphf.join_min_probe_rows_per_run = 0").await.unwrap();
     ctx.sql("SET mphf.join_min_slots = 100000").await.unwrap();
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");

@@ -33,6 +33,9 @@ extensions_options! {
         pub enable_join: bool, default = true
         /// Costing: joins on indexes with fewer slots stay hash joins (cache-resident tables).
         pub join_min_slots: u64, default = 4096
+        /// Costing: without a dense-key table, the probe key must be an indexed column with at
+        /// least this many rows per run of equal keys (one MPHF query per run).
+        pub join_min_probe_rows_per_run: f64, default = 2.0
         /// Costing: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
         pub join_yield_to_array_map: bool, default = true
     }
