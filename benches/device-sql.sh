@@ -5,11 +5,22 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10
+PART=${3:-all}   # all | build | sf10 | joins
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc > "$OUT/nproc.txt"
+
+if [ "$PART" = joins ]; then
+  log "bench join SF 1, 16 partitions"
+  timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown > "$OUT/join_sf1_p16.md" 2>&1
+  log "bench join SF 10, 16 partitions (joins only)"
+  timeout 200 "$BIN" bench join --scale 10 --runs 3 --markdown --only "⋈" > "$OUT/join_sf10_p16.md" 2>&1
+  log "bench groupby SF 10, 16 partitions (GROUP BY only)"
+  timeout 200 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "GROUP BY" > "$OUT/groupby_sf10_p16.md" 2>&1
+  log "done"
+  exit 0
+fi
 
 if [ "$PART" != sf10 ]; then
 log "TPC-H SF 1 parquet"

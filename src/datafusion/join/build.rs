@@ -15,6 +15,9 @@
 //! stale) go to [`BuildSide::strays`], looked up by value; NULL keys never match
 //! (`NullEquality::NullEqualsNothing`, the only mode the rule accepts).
 //!
+//! The build side's lookups and the unique table's fill run on all cores (rayon): the build
+//! side is one batch, and in the collect form one build feeds every probe partition.
+//!
 //! # Invariants
 //! - Every build row with a non-NULL key is reachable from exactly one place: its key's slot,
 //!   or the stray map when the key is not in the index.
@@ -23,7 +26,7 @@
 //! - Memory for the batch and the table is reserved in the session's pool before it is used.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
@@ -34,9 +37,11 @@ use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::execution::SendableRecordBatchStream;
 use ::datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
+use rayon::prelude::*;
 
 use crate::core::column::ColumnIndex;
 use crate::core::column::ABSENT;
+use crate::datafusion::error::to_df;
 
 /// Marks a slot without a build row in [`SlotRows::Unique`].
 pub const NO_ROW: u32 = u32::MAX;
@@ -129,10 +134,7 @@ impl BuildSide {
             )));
         }
         let keys = key.evaluate(&batch)?.into_array(rows)?;
-        let mut slots = Vec::new();
-        index
-            .lookup_slots(keys.as_ref(), &mut slots)
-            .map_err(|e| DataFusionError::Execution(format!("MphfJoinExec: {e}")))?;
+        let slots = parallel_slots(index, &keys)?;
         let n_slots = usize::try_from(index.len())
             .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
         reservation.try_grow(n_slots * 4)?;
@@ -208,6 +210,32 @@ impl BuildSide {
     }
 }
 
+/// Rows per task of the parallel build (lookups and table fill).
+const PAR_CHUNK: usize = 1 << 16;
+
+/// The slots of every build key, looked up in chunks on all cores (the build side is collected
+/// into one batch, so without this the build would run on one core).
+fn parallel_slots(index: &ColumnIndex, keys: &ArrayRef) -> Result<Vec<u64>> {
+    let n = keys.len();
+    let chunks: Vec<Result<Vec<u64>>> = (0..n)
+        .step_by(PAR_CHUNK)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|at| {
+            let mut out = Vec::new();
+            index
+                .lookup_slots(keys.slice(at, PAR_CHUNK.min(n - at)).as_ref(), &mut out)
+                .map_err(to_df)?;
+            Ok(out)
+        })
+        .collect();
+    let mut slots = Vec::with_capacity(n);
+    for chunk in chunks {
+        slots.extend(chunk?);
+    }
+    Ok(slots)
+}
+
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
 fn lay_out(
     slots: &[u64],
@@ -225,23 +253,28 @@ fn lay_out(
                 .push(r as u32);
         }
     }
-    let mut unique = vec![NO_ROW; n_slots];
-    let mut duplicated = false;
-    for (r, &s) in slots.iter().enumerate() {
-        if s == ABSENT {
-            continue;
-        }
-        let cell = &mut unique[s as usize];
-        if *cell != NO_ROW {
-            duplicated = true;
-            break;
-        }
-        *cell = r as u32;
-    }
-    if !duplicated {
+    // Unique layout, filled in parallel: a slot that already holds a row means a repeated key.
+    let cells: Vec<AtomicU32> = (0..n_slots).into_par_iter().map(|_| AtomicU32::new(NO_ROW)).collect();
+    let duplicated = AtomicBool::new(false);
+    slots
+        .par_iter()
+        .enumerate()
+        .with_min_len(PAR_CHUNK)
+        .for_each(|(r, &s)| {
+            // Relaxed: the cells are read only after this parallel loop has joined.
+            if s != ABSENT
+                && cells[s as usize]
+                    .compare_exchange(NO_ROW, r as u32, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                duplicated.store(true, Ordering::Relaxed);
+            }
+        });
+    if !duplicated.into_inner() {
+        let unique = cells.into_par_iter().map(AtomicU32::into_inner).collect();
         return Ok((SlotRows::Unique(unique), strays));
     }
-    drop(unique);
+    drop(cells);
     // Counting sort of the rows by slot (rows stay in build order within a slot).
     let members = slots.iter().filter(|&&s| s != ABSENT).count();
     reservation.try_grow((members + 1) * 4)?;
