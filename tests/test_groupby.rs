@@ -4,10 +4,11 @@
 
 #![cfg(feature = "datafusion")]
 
-use datafusion::arrow::util::pretty::pretty_format_batches;
-use datafusion::physical_plan::displayable;
+mod sql_common;
+
 use datafusion::prelude::SessionConfig;
 use datafusion_mphf::datafusion::MphfContext;
+use sql_common::run;
 
 /// A session with `partitions` target partitions and a 20,000-row table `t` whose key `k` has
 /// 6,000 distinct values plus NULLs, indexed with MPHF.
@@ -37,18 +38,6 @@ async fn setup(partitions: usize) -> MphfContext {
         .await
         .unwrap();
     ctx
-}
-
-/// Sorted pretty-printed rows and the physical plan text.
-async fn run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String) {
-    let df = ctx.sql(sql).await.unwrap();
-    let plan = df.clone().create_physical_plan().await.unwrap();
-    let plan_text = displayable(plan.as_ref()).indent(true).to_string();
-    let batches = df.collect().await.unwrap();
-    let text = pretty_format_batches(&batches).unwrap().to_string();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    lines.sort();
-    (lines, plan_text)
 }
 
 /// Runs `sql` with the rule off and on; asserts equal results; returns whether MPHF ran.

@@ -4,10 +4,12 @@
 
 #![cfg(feature = "datafusion")]
 
+mod sql_common;
+
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use datafusion::physical_plan::displayable;
 use datafusion::prelude::SessionConfig;
 use datafusion_mphf::datafusion::MphfContext;
+use sql_common::run;
 
 /// `dim` (8,000 unique ids, one NULL, a string key), `fact` (30,000 rows: repeated ids, NULLs,
 /// ids missing from `dim`), `big` (60,000 rows), indexes on `dim.id`, `dim.name`, `fact.id`.
@@ -37,18 +39,6 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
         ctx.sql(sql).await.unwrap().collect().await.unwrap();
     }
     ctx
-}
-
-/// Sorted pretty-printed rows and the physical plan text.
-async fn run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String) {
-    let df = ctx.sql(sql).await.unwrap();
-    let plan = df.clone().create_physical_plan().await.unwrap();
-    let plan_text = displayable(plan.as_ref()).indent(true).to_string();
-    let batches = df.collect().await.unwrap();
-    let text = pretty_format_batches(&batches).unwrap().to_string();
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    lines.sort();
-    (lines, plan_text)
 }
 
 /// Runs `sql` with the rule off and on, asserts equal results and returns the MPHF plan.

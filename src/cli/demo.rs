@@ -65,6 +65,19 @@ pub enum Suite {
 /// `mphf_index` itself.
 type Query = (&'static str, &'static str, &'static str);
 
+/// TPC-H Q3 (joins customer, orders, lineitem; groups by l_orderkey and two order columns).
+const Q3: &str = "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
+     FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey \
+     AND l_orderkey = o_orderkey AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15' \
+     GROUP BY l_orderkey, o_orderdate, o_shippriority ORDER BY revenue DESC, o_orderdate LIMIT 10";
+
+/// TPC-H Q18 (a GROUP BY l_orderkey subquery, joins, and a five-column GROUP BY).
+const Q18: &str = "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) \
+     FROM customer, orders, lineitem \
+     WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300) \
+     AND c_custkey = o_custkey AND o_orderkey = l_orderkey \
+     GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice ORDER BY o_totalprice DESC, o_orderdate LIMIT 100";
+
 /// Join queries (`mphf bench join`, and the first two in `mphf demo`).
 const JOIN_QUERIES: &[Query] = &[
     (
@@ -89,18 +102,12 @@ const JOIN_QUERIES: &[Query] = &[
     ),
     (
         "TPC-H Q3",
-        "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
-         FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey \
-         AND l_orderkey = o_orderkey AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15' \
-         GROUP BY l_orderkey, o_orderdate, o_shippriority ORDER BY revenue DESC, o_orderdate LIMIT 10",
+        Q3,
         "",
     ),
     (
         "TPC-H Q18",
-        "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) FROM customer, orders, lineitem \
-         WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300) \
-         AND c_custkey = o_custkey AND o_orderkey = l_orderkey \
-         GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice ORDER BY o_totalprice DESC, o_orderdate LIMIT 100",
+        Q18,
         "",
     ),
 ];
@@ -132,22 +139,8 @@ const QUERIES: &[Query] = &[
         "SELECT c_name, count(*), sum(o_totalprice) FROM orders JOIN customer ON o_custkey = c_custkey GROUP BY c_name",
         "",
     ),
-    (
-        "TPC-H Q18",
-        "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) FROM customer, orders, lineitem \
-         WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300) \
-         AND c_custkey = o_custkey AND o_orderkey = l_orderkey \
-         GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice ORDER BY o_totalprice DESC, o_orderdate LIMIT 100",
-        "",
-    ),
-    (
-        "TPC-H Q3",
-        "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
-         FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey \
-         AND l_orderkey = o_orderkey AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15' \
-         GROUP BY l_orderkey, o_orderdate, o_shippriority ORDER BY revenue DESC, o_orderdate LIMIT 10",
-        "",
-    ),
+    ("TPC-H Q18", Q18, ""),
+    ("TPC-H Q3", Q3, ""),
     (
         "count(DISTINCT mphf_index)",
         "SELECT count(DISTINCT mphf_index(l_orderkey)), max(mphf_index(l_orderkey)) FROM lineitem",

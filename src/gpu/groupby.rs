@@ -798,24 +798,16 @@ impl DeviceAggregates {
             let mut columns = Vec::with_capacity(self.cols.len());
             for c in &self.cols {
                 let nn = get(&c.nn)?;
-                let sum = c
-                    .sum
-                    .as_ref()
-                    .map(get)
-                    .transpose()?
-                    .map(|v| decode(c.kind, v, &nn, false));
-                let min = c
-                    .min
-                    .as_ref()
-                    .map(get)
-                    .transpose()?
-                    .map(|v| decode(c.kind, v, &nn, true));
-                let max = c
-                    .max
-                    .as_ref()
-                    .map(get)
-                    .transpose()?
-                    .map(|v| decode(c.kind, v, &nn, true));
+                // `extreme`: min/max slots hold order-preserving encodings, sums plain values.
+                let fetch = |d: &Option<CudaSlice<u64>>, extreme: bool| {
+                    d.as_ref()
+                        .map(get)
+                        .transpose()
+                        .map(|v| v.map(|v| decode(c.kind, v, &nn, extreme)))
+                };
+                let sum = fetch(&c.sum, false)?;
+                let min = fetch(&c.min, true)?;
+                let max = fetch(&c.max, true)?;
                 columns.push(ColumnResult {
                     non_null: nn,
                     sum,
