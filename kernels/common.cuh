@@ -48,3 +48,19 @@ __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
+
+// Position (lane) of the k-th set bit (from 0) of a 32-bit word with more than k bits: popcount bisection.
+__device__ __forceinline__ u32 select32(u32 x, u32 k) {
+    u32 base = 0, c;
+    c = __popc(x & 0xffffu);
+    if (k >= c) { k -= c; x >>= 16; base += 16; }
+    c = __popc(x & 0xffu);
+    if (k >= c) { k -= c; x >>= 8; base += 8; }
+    c = __popc(x & 0xfu);
+    if (k >= c) { k -= c; x >>= 4; base += 4; }
+    c = __popc(x & 0x3u);
+    if (k >= c) { k -= c; x >>= 2; base += 2; }
+    c = x & 1u;
+    if (k >= c) base += 1;
+    return base;
+}

@@ -83,21 +83,6 @@ __device__ __forceinline__ u64 combine(u64 a, u64 b) {
     return RED == RED_MIN ? (a < b ? a : b) : (a > b ? a : b);
 }
 
-// Lane of the k-th set bit (from 0) of a 32-bit mask with more than k bits: popcount bisection.
-__device__ __forceinline__ u32 select32(u32 x, u32 k) {
-    u32 base = 0, c;
-    c = __popc(x & 0xffffu);
-    if (k >= c) { k -= c; x >>= 16; base += 16; }
-    c = __popc(x & 0xffu);
-    if (k >= c) { k -= c; x >>= 8; base += 8; }
-    c = __popc(x & 0xfu);
-    if (k >= c) { k -= c; x >>= 4; base += 4; }
-    c = __popc(x & 0x3u);
-    if (k >= c) { k -= c; x >>= 2; base += 2; }
-    c = x & 1u;
-    if (k >= c) base += 1;
-    return base;
-}
 
 // Reduction of x over the lanes in `peers` (a __match_any_sync group); the lowest lane of the
 // group gets the total. Tree over the group's ranks: at step s, rank r adds rank r + s, so after

@@ -75,23 +75,11 @@ __device__ __forceinline__ u64 read_bits(const u64* __restrict__ w, u64 pos, u32
     return v & low_mask(width);
 }
 
-// Position of the k-th one (from 0) of a 64-bit word with more than k ones: popcount bisection.
+// Position of the k-th one (from 0) of a 64-bit word with more than k ones.
 __device__ __forceinline__ u32 select64(u64 w, u32 k) {
-    u32 base = 0;
-    u32 x = (u32)w;
-    u32 c = __popc(x);
-    if (k >= c) { k -= c; x = (u32)(w >> 32); base = 32; }
-    c = __popc(x & 0xffffu);
-    if (k >= c) { k -= c; x >>= 16; base += 16; }
-    c = __popc(x & 0xffu);
-    if (k >= c) { k -= c; x >>= 8; base += 8; }
-    c = __popc(x & 0xfu);
-    if (k >= c) { k -= c; x >>= 4; base += 4; }
-    c = __popc(x & 0x3u);
-    if (k >= c) { k -= c; x >>= 2; base += 2; }
-    c = x & 1u;
-    if (k >= c) base += 1;
-    return base;
+    const u32 lo = (u32)w;
+    const u32 c = __popc(lo);
+    return k < c ? select32(lo, k) : 32 + select32((u32)(w >> 32), k - c);
 }
 
 // The k-th one at or after bit `start` (elias_fano.rs select_from): returns its position and
