@@ -45,6 +45,20 @@ fn as_i64(keys: &dyn Array) -> Option<ArrayRef> {
     (wide.null_count() == keys.null_count()).then_some(wide)
 }
 
+/// Smallest and largest key of integer-like `keys` (`None`: empty, or not integer-like).
+pub fn integer_range(keys: &dyn Array) -> Option<(i64, i64)> {
+    if keys.is_empty() {
+        return None;
+    }
+    let wide = as_i64(keys)?;
+    let values = wide.as_primitive::<Int64Type>().values();
+    Some(
+        values
+            .iter()
+            .fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v))),
+    )
+}
+
 impl DenseSlots {
     /// The table for `keys` (the index's keys in slot order), when it costs at most
     /// `max_bytes_per_key` bytes per key and fewer than 2^32 − 1 slots exist.
@@ -53,17 +67,14 @@ impl DenseSlots {
         if n == 0 || n >= NONE as usize || max_bytes_per_key <= 0.0 {
             return None;
         }
-        let wide = as_i64(keys)?;
-        let values = wide.as_primitive::<Int64Type>().values();
-        let (min, max) = values
-            .iter()
-            .fold((i64::MAX, i64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (min, max) = integer_range(keys)?;
         let range = (max as i128 - min as i128 + 1) as f64;
         if range * 4.0 > max_bytes_per_key * n as f64 {
             return None;
         }
+        let wide = as_i64(keys)?;
         let mut slots = vec![NONE; range as usize];
-        for (slot, &k) in values.iter().enumerate() {
+        for (slot, &k) in wide.as_primitive::<Int64Type>().values().iter().enumerate() {
             slots[(k - min) as usize] = slot as u32;
         }
         Some(DenseSlots { min, slots })

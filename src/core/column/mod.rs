@@ -150,6 +150,8 @@ pub struct ColumnIndex {
     pub(crate) mapped: bool,
     /// Direct key → slot table for dense integer keys ([`ColumnIndex::with_dense_lookup`]).
     pub(crate) dense: Option<Arc<DenseSlots>>,
+    /// Smallest and largest key of integer-like keys, once computed.
+    pub(crate) key_range: std::sync::OnceLock<Option<(i64, i64)>>,
 }
 
 impl fmt::Debug for ColumnIndex {
@@ -399,6 +401,7 @@ impl ColumnIndex {
             key_words: 0,
             mapped: false,
             dense: None,
+            key_range: std::sync::OnceLock::new(),
         };
         let mut w = WordWriter::new();
         idx.mphf.write(&mut w);
@@ -535,6 +538,11 @@ impl ColumnIndex {
     pub fn with_dense_lookup(mut self, max_bytes_per_key: f64) -> Self {
         self.dense = DenseSlots::build(self.keys.as_ref(), max_bytes_per_key).map(Arc::new);
         self
+    }
+
+    /// Smallest and largest key when the keys are integer-like (computed once).
+    pub fn integer_key_range(&self) -> Option<(i64, i64)> {
+        *self.key_range.get_or_init(|| dense::integer_range(self.keys.as_ref()))
     }
 
     /// Bytes of the dense-key table (0 without one).

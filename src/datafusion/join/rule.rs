@@ -40,9 +40,6 @@
 
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{Array, AsArray};
-use ::datafusion::arrow::compute::{cast, max, min};
-use ::datafusion::arrow::datatypes::{DataType, Int64Type};
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::{JoinType, NullEquality, Result};
@@ -172,19 +169,15 @@ fn vanilla_uses_array_map(join: &HashJoinExec, index: &IndexHandle, partitions: 
     if join.on().len() != 1 {
         return false;
     }
-    let keys = index.index().keys();
-    if !keys.data_type().is_integer() || keys.is_empty() {
+    let index = index.index();
+    if !index.keys().data_type().is_integer() {
         return false;
     }
-    let Ok(wide) = cast(keys.as_ref(), &DataType::Int64) else {
-        return false;
-    };
-    let wide = wide.as_primitive::<Int64Type>();
-    let (Some(lo), Some(hi)) = (min(wide), max(wide)) else {
+    let Some((lo, hi)) = index.integer_key_range() else {
         return false;
     };
     let range = (hi as i128 - lo as i128) as f64;
-    let rows = keys.len() as f64 / partitions.max(1) as f64;
+    let rows = index.len() as f64 / partitions.max(1) as f64;
     range < c.array_map_threshold as f64 || rows / (range + 1.0) > c.array_map_density
 }
 
