@@ -17,7 +17,9 @@
 //! Module map: [`udf`] (the function and how it finds its index), [`table`] (`MphfTable`),
 //! [`registry`] (live indexes, the session registry, the hook for optimizer rules),
 //! [`context`] (statement execution), [`statements`] (parsing), [`persist`] (saved indexes and
-//! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping).
+//! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping), and the operators:
+//! [`aggregate`] (`MphfAggregateExec`, GROUP BY on slots) and [`join`] (`MphfJoinExec`, hash
+//! joins on slot tables), each with the optimizer rule that installs it.
 
 pub mod aggregate;
 pub mod config;
