@@ -93,11 +93,11 @@ impl DenseSlots {
             return false;
         };
         let wide = wide.as_primitive::<Int64Type>();
-        let len = self.slots.len() as u64;
         for (o, &k) in out.iter_mut().zip(wide.values().iter()) {
-            let off = k.wrapping_sub(self.min) as u64;
-            *o = match self.slots.get(off as usize) {
-                Some(&s) if off < len && s != NONE => s as u64,
+            // Keys below `min` wrap to huge offsets and miss like keys above `max`.
+            let off = k.wrapping_sub(self.min) as u64 as usize;
+            *o = match self.slots.get(off) {
+                Some(&s) if s != NONE => s as u64,
                 _ => ABSENT,
             };
         }

@@ -193,6 +193,27 @@ fn spread(probe: Arc<dyn ExecutionPlan>, partitions: usize) -> Result<Arc<dyn Ex
     )?))
 }
 
+/// `plan` without a top hash repartition (and, when `coalesce_too`, without a top
+/// `CoalescePartitionsExec`): the exchanges a slot table makes unnecessary.
+fn without_exchange(plan: &Arc<dyn ExecutionPlan>, coalesce_too: bool) -> Arc<dyn ExecutionPlan> {
+    if let (true, Some(c)) = (coalesce_too, plan.downcast_ref::<CoalescePartitionsExec>()) {
+        return Arc::clone(c.input());
+    }
+    match plan.downcast_ref::<RepartitionExec>() {
+        Some(r) if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() => Arc::clone(r.input()),
+        _ => Arc::clone(plan),
+    }
+}
+
+/// `build` as the single partition a `CollectLeft` build side must be.
+fn collected(build: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    if build.output_partitioning().partition_count() > 1 {
+        Arc::new(CoalescePartitionsExec::new(build))
+    } else {
+        build
+    }
+}
+
 /// The two candidate forms of `join`, or `None` when the rule declines.
 fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoinExec, Option<MphfJoinExec>)>> {
     let Some((key, handle)) = indexed_key(join) else {
@@ -216,28 +237,13 @@ fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoin
         return Ok(None);
     }
     let one_for_one = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
+    // CollectLeft (and Auto) joins are already in their only form.
     if *join.partition_mode() != PartitionMode::Partitioned {
-        if *join.partition_mode() == PartitionMode::CollectLeft {
-            // Already collected: the collect form is the one-for-one form.
-            let again = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
-            return Ok(Some((one_for_one, Some(again))));
-        }
         return Ok(Some((one_for_one, None)));
     }
-    let strip = |plan: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
-        match plan.downcast_ref::<RepartitionExec>() {
-            Some(r) if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() => {
-                Arc::clone(r.input())
-            }
-            _ => Arc::clone(plan),
-        }
-    };
-    let mut left = strip(join.left());
-    if left.output_partitioning().partition_count() > 1 {
-        left = Arc::new(CoalescePartitionsExec::new(left));
-    }
+    let left = collected(without_exchange(join.left(), false));
     let right = spread(
-        strip(join.right()),
+        without_exchange(join.right(), false),
         join.right().output_partitioning().partition_count(),
     )?;
     let collected = join
@@ -253,24 +259,10 @@ fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoin
 /// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
 /// form: the new build side coalesced, the new probe side read in its own partitions. The
 /// output may differ in partitioning from `join`'s, so only the collect rewrite uses it.
-fn swapped(join: &HashJoinExec) -> Result<Option<HashJoinExec>> {
-    let unwrap = |plan: &Arc<dyn ExecutionPlan>| -> Arc<dyn ExecutionPlan> {
-        if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
-            return Arc::clone(c.input());
-        }
-        match plan.downcast_ref::<RepartitionExec>() {
-            Some(r) if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() => {
-                Arc::clone(r.input())
-            }
-            _ => Arc::clone(plan),
-        }
-    };
-    let mut left = unwrap(join.right());
-    if left.output_partitioning().partition_count() > 1 {
-        left = Arc::new(CoalescePartitionsExec::new(left));
-    }
+fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
+    let left = collected(without_exchange(join.right(), true));
     let right = spread(
-        unwrap(join.left()),
+        without_exchange(join.left(), true),
         join.properties().output_partitioning().partition_count(),
     )?;
     let on = join.on().iter().map(|(l, r)| (Arc::clone(r), Arc::clone(l))).collect();
@@ -280,18 +272,16 @@ fn swapped(join: &HashJoinExec) -> Result<Option<HashJoinExec>> {
         join.projection.as_deref(),
         join.join_type(),
     );
-    Ok(Some(
-        join.builder()
-            .reset_state()
-            .with_type(join.join_type().swap())
-            .with_new_children(vec![left, right])?
-            .with_on(on)
-            .with_filter(join.filter().map(JoinFilter::swap))
-            .with_projection(projection)
-            .with_partition_mode(PartitionMode::CollectLeft)
-            .recompute_properties()
-            .build()?,
-    ))
+    join.builder()
+        .reset_state()
+        .with_type(join.join_type().swap())
+        .with_new_children(vec![left, right])?
+        .with_on(on)
+        .with_filter(join.filter().map(JoinFilter::swap))
+        .with_projection(projection)
+        .with_partition_mode(PartitionMode::CollectLeft)
+        .recompute_properties()
+        .build()
 }
 
 /// The swapped collect form of `join` when its probe (right) side holds the indexed key, with
@@ -305,10 +295,8 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
     {
         return Ok(None);
     }
-    let Some(swapped) = swapped(join)? else {
-        return Ok(None);
-    };
-    let Some((_, Some(collect))) = candidates(&swapped, costing)? else {
+    // The swapped join is CollectLeft: its one-for-one form is the collect form.
+    let Some((collect, _)) = candidates(&swapped(join)?, costing)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
