@@ -282,31 +282,25 @@ impl ExecutionPlan for MphfJoinExec {
         let probe_input = self.join.right().execute(partition, Arc::clone(&context))?;
         let join_type = *self.join.join_type();
         let (_, columns) = build_join_schema(&self.join.left().schema(), &self.join.right().schema(), &join_type);
-        let m = MetricBuilder::new(&self.metrics);
+        let metric = || MetricBuilder::new(&self.metrics);
         let metrics = ProbeMetrics {
-            lookup_time: m.clone().subset_time("lookup_time", partition),
-            join_time: MetricBuilder::new(&self.metrics).subset_time("join_time", partition),
-            probe_rows: MetricBuilder::new(&self.metrics).counter("probe_rows", partition),
-            probe_absent: MetricBuilder::new(&self.metrics).counter("probe_absent_rows", partition),
+            lookup_time: metric().subset_time("lookup_time", partition),
+            join_time: metric().subset_time("join_time", partition),
+            probe_rows: metric().counter("probe_rows", partition),
+            probe_absent: metric().counter("probe_absent_rows", partition),
         };
         let schema = self.schema();
-        let prober_parts = (
-            Arc::clone(&self.index),
-            Arc::clone(&self.join.on()[self.key].1),
-            self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect::<Vec<_>>(),
-            self.join.filter().cloned(),
-            columns,
-            self.join.projection.clone(),
-            self.join.right().schema(),
-            Arc::clone(&schema),
-            context.session_config().batch_size(),
-        );
-        let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let out = futures::stream::once(async move {
-            let build = build.await.map_err(DataFusionError::Shared)?;
-            let (index, probe_key, residual, filter, columns, projection, probe_schema, schema, batch_size) =
-                prober_parts;
-            let prober = Arc::new(Prober {
+        // Everything but the build side, which arrives when the build future resolves.
+        let prober = {
+            let index = Arc::clone(&self.index);
+            let probe_key = Arc::clone(&self.join.on()[self.key].1);
+            let residual = self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect();
+            let filter = self.join.filter().cloned();
+            let projection = self.join.projection.clone();
+            let probe_schema = self.join.right().schema();
+            let schema = Arc::clone(&schema);
+            let batch_size = context.session_config().batch_size();
+            move |build| Prober {
                 build,
                 index,
                 probe_key,
@@ -319,7 +313,12 @@ impl ExecutionPlan for MphfJoinExec {
                 schema,
                 batch_size,
                 metrics,
-            });
+            }
+        };
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let out = futures::stream::once(async move {
+            let build = build.await.map_err(DataFusionError::Shared)?;
+            let prober = Arc::new(prober(build));
             let last = Arc::clone(&prober);
             let joined = probe_input
                 .map(move |batch| prober.probe(&batch?))
