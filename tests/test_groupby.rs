@@ -160,3 +160,154 @@ async fn costing_declines_unclustered_and_small_keys() {
         .unwrap();
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
 }
+
+/// `setup`'s session plus tables with functional dependences: orders-like `o` (unique key `ok`,
+/// columns that follow from it), customers-like `cu` (unique key `ck2`) and lineitem-like `li`
+/// (4 rows per order in table order, some NULL keys), each indexed on its key.
+async fn setup_dependent(partitions: usize) -> MphfContext {
+    let ctx = setup(partitions).await;
+    for sql in [
+        "CREATE TABLE o AS SELECT value AS ok, value % 50 AS ck, 'cust' || CAST(value % 50 AS VARCHAR) AS nm, \
+           CAST(value AS DOUBLE) * 1.5 AS price FROM generate_series(0, 5999)",
+        "CREATE TABLE cu AS SELECT value AS ck2, 'name' || CAST(value AS VARCHAR) AS cname FROM generate_series(0, 49)",
+        "CREATE TABLE li AS SELECT CASE WHEN value % 101 = 0 THEN NULL ELSE value / 4 END AS lk, value AS qty \
+           FROM generate_series(0, 23999)",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    for sql in [
+        "CREATE INDEX o_ok ON o USING mphf (ok)",
+        "CREATE INDEX cu_ck ON cu USING mphf (ck2)",
+        "CREATE INDEX li_lk ON li USING mphf (lk)",
+        // The join estimates are far below the real row counts (50 for the Q18 shape).
+        "SET mphf.aggregate_max_slot_entries_per_row = 1000000",
+    ] {
+        ctx.sql(sql).await.unwrap();
+    }
+    ctx
+}
+
+/// Multi-column GROUP BYs: whether the columns other than the indexed key provably depend on
+/// it decides whether the operator runs; results equal vanilla's either way.
+const DEPENDENT_QUERIES: &[(&str, bool)] = &[
+    // Same row of a unique key.
+    (
+        "SELECT ok, ck, nm, count(*), sum(price) FROM o GROUP BY ok, ck, nm",
+        true,
+    ),
+    ("SELECT nm, ok, max(price) FROM o WHERE ck < 10 GROUP BY nm, ok", true),
+    ("SELECT ok, ck + 1 AS c1, count(*) FROM o GROUP BY ok, ck + 1", true),
+    // Q3's shape: a non-unique key equal (inner join) to a unique key of the other table.
+    (
+        "SELECT lk, nm, price, sum(qty) FROM li JOIN o ON lk = ok GROUP BY lk, nm, price",
+        true,
+    ),
+    // Q18's shape: through two joins.
+    (
+        "SELECT cname, ck2, ok, price, sum(qty) FROM cu JOIN o ON ck2 = ck JOIN li ON ok = lk \
+         GROUP BY cname, ck2, ok, price",
+        true,
+    ),
+    // No indexed column / the indexed key is not unique / not an inner join: declined.
+    ("SELECT ck, nm, count(*) FROM o GROUP BY ck, nm", false),
+    ("SELECT lk, qty % 3, count(*) FROM li GROUP BY lk, qty % 3", false),
+    (
+        "SELECT ok, cname, count(*) FROM o LEFT JOIN cu ON ck = ck2 GROUP BY ok, cname",
+        false,
+    ),
+];
+
+#[tokio::test]
+async fn dependent_group_columns_run_on_slots() {
+    for partitions in [1, 2, 16] {
+        let ctx = setup_dependent(partitions).await;
+        for (sql, expect_mphf) in DEPENDENT_QUERIES {
+            let ran = compare(&ctx, sql).await;
+            let (_, plan) = run(&ctx, sql).await;
+            assert_eq!(
+                ran, *expect_mphf,
+                "MphfAggregateExec presence for {sql} at {partitions} partitions\n{plan}"
+            );
+        }
+    }
+    let ctx = setup_dependent(2).await;
+    let (_, plan) = run(&ctx, DEPENDENT_QUERIES[0].0).await;
+    let line = plan.lines().find(|l| l.contains("MphfAggregateExec")).unwrap();
+    assert!(line.contains("mode=SlotMerge") && line.contains("index=o.ok"), "{line}");
+}
+
+/// Forced onto group columns that do not depend on the key (`mphf.aggregate_require_dependence
+/// = false`), rows whose other columns differ from their slot's first row get groups of their
+/// own, in every partition and across partitions in the slot-range merge.
+#[tokio::test]
+async fn disagreeing_rows_get_groups_of_their_own() {
+    for partitions in [1, 2, 16] {
+        let ctx = setup_dependent(partitions).await;
+        ctx.sql("SET mphf.aggregate_require_dependence = false").await.unwrap();
+        for sql in [
+            "SELECT k, s, count(*), sum(v) FROM t GROUP BY k, s",
+            "SELECT s, k, min(d), max(v) FROM t WHERE v % 5 <> 1 GROUP BY s, k",
+            "SELECT lk, qty % 3, count(*) FROM li GROUP BY lk, qty % 3",
+            "SELECT k, d, s, count(*) FROM t GROUP BY k, d, s HAVING count(*) > 1",
+        ] {
+            assert!(
+                compare(&ctx, sql).await,
+                "operator not used for {sql} at {partitions} partitions"
+            );
+        }
+    }
+}
+
+/// TPC-H Q3, Q10 and Q18 (SF 0.01, every key indexed, costing off) group by their key and
+/// dependent columns on slots, with vanilla's results.
+#[tokio::test]
+async fn tpch_multi_column_group_bys_run_on_slots() {
+    let ctx = MphfContext::with_config(SessionConfig::new().with_target_partitions(2));
+    datafusion_mphf::datafusion::tpch::register_tpch(ctx.ctx(), 0.01, 1).unwrap();
+    for sql in [
+        "CREATE INDEX l_orderkey ON lineitem USING mphf (l_orderkey)",
+        "CREATE INDEX o_orderkey ON orders USING mphf (o_orderkey)",
+        "CREATE INDEX c_custkey ON customer USING mphf (c_custkey)",
+        "CREATE INDEX n_nationkey ON nation USING mphf (n_nationkey)",
+        "SET mphf.aggregate_min_slots = 0",
+        "SET mphf.aggregate_min_rows_per_run = 0",
+        "SET mphf.aggregate_max_slot_entries_per_row = 1000",
+    ] {
+        ctx.sql(sql).await.unwrap();
+    }
+    let q3 = "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
+              FROM customer, orders, lineitem \
+              WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey AND l_orderkey = o_orderkey \
+                AND o_orderdate < DATE '1995-03-15' AND l_shipdate > DATE '1995-03-15' \
+              GROUP BY l_orderkey, o_orderdate, o_shippriority \
+              ORDER BY revenue DESC, o_orderdate LIMIT 10";
+    let q10 = "SELECT c_custkey, c_name, sum(l_extendedprice * (1 - l_discount)) AS revenue, c_acctbal, n_name, \
+                 c_address, c_phone, c_comment \
+               FROM customer, orders, lineitem, nation \
+               WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND o_orderdate >= DATE '1993-10-01' \
+                 AND o_orderdate < DATE '1994-01-01' AND l_returnflag = 'R' AND c_nationkey = n_nationkey \
+               GROUP BY c_custkey, c_name, c_acctbal, c_phone, n_name, c_address, c_comment \
+               ORDER BY revenue DESC LIMIT 20";
+    let q18 = "SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) \
+               FROM customer, orders, lineitem \
+               WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300) \
+                 AND c_custkey = o_custkey AND o_orderkey = l_orderkey \
+               GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice \
+               ORDER BY o_totalprice DESC, o_orderdate LIMIT 100";
+    for (name, sql, index) in [
+        ("Q3", q3, "lineitem.l_orderkey"),
+        ("Q10", q10, "customer.c_custkey"),
+        ("Q18", q18, "orders.o_orderkey"),
+    ] {
+        assert!(compare(&ctx, sql).await, "{name} did not use MphfAggregateExec");
+        let (_, plan) = run(&ctx, sql).await;
+        let multi = plan
+            .lines()
+            .filter(|l| l.contains("MphfAggregateExec") && l.matches(" as ").count() > 1)
+            .collect::<Vec<_>>();
+        assert!(
+            multi.iter().any(|l| l.contains(&format!("index={index}"))),
+            "{name}: no multi-column MphfAggregateExec on {index}:\n{plan}"
+        );
+    }
+}

@@ -139,6 +139,12 @@ const QUERIES: &[Query] = &[
         "SELECT c_name, count(*), sum(o_totalprice) FROM orders JOIN customer ON o_custkey = c_custkey GROUP BY c_name",
         "",
     ),
+    (
+        "GROUP BY l_orderkey + 3 order columns",
+        "SELECT l_orderkey, o_custkey, o_orderdate, o_orderpriority, sum(l_extendedprice), count(*) \
+         FROM lineitem JOIN orders ON l_orderkey = o_orderkey GROUP BY l_orderkey, o_custkey, o_orderdate, o_orderpriority",
+        "",
+    ),
     ("TPC-H Q18", Q18, ""),
     ("TPC-H Q3", Q3, ""),
     (

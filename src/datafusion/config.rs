@@ -25,6 +25,11 @@ extensions_options! {
         /// the input's row count is estimated; beyond it, emitting the partials costs more than
         /// the rows save.
         pub aggregate_max_slot_entries_per_row: f64, default = 1.0
+        /// A GROUP BY of several columns runs on the slots of an indexed one only when the
+        /// others are proven to depend on it (same row of a unique key, inner equi-joins on
+        /// unique keys). false: whenever one is indexed; rows whose other columns disagree
+        /// still get groups of their own (same results, slower).
+        pub aggregate_require_dependence: bool, default = true
         /// Lookups of dense integer keys read a direct key → slot table (same slots as the MPHF)
         /// when it costs at most this many bytes per key (4 per value of the key range); 0: off.
         /// Takes effect for indexes created (or loaded) afterwards.

@@ -12,10 +12,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
-use ::datafusion::arrow::compute::{cast, concat, take};
-use ::datafusion::arrow::datatypes::{DataType, SchemaRef};
-use ::datafusion::arrow::row::{RowConverter, SortField};
+use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use ::datafusion::arrow::compute::take;
+use ::datafusion::arrow::datatypes::{Schema, SchemaRef};
 use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -24,6 +23,7 @@ use ::datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
+use super::grouping::{ByteRows, Grouping};
 use super::{FALLBACK_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
 use crate::core::column::ABSENT;
@@ -70,24 +70,69 @@ impl SlotMetrics {
     }
 }
 
-/// The partial aggregation of one input partition, for the slot-range merge: the touched slots
-/// in ascending order with their accumulator states, then the fallback groups.
+/// The partial aggregation of one input partition, for the slot-range merge.
+///
+/// *Member* groups (key in the index) come first: the touched slots in ascending order
+/// (`slots[..n_touched]`), then the *mismatch* groups (a slot whose dependent values differed
+/// from the ones it saw first, see [`grouping`](super::grouping)); then the fallback groups.
 pub(super) struct PartialSlots {
-    /// Touched slots, ascending.
+    /// Slot of each member group: ascending for the first `n_touched`, then the mismatches.
     pub slots: Vec<usize>,
-    /// State columns of all aggregates (in aggregate order), one row per touched slot.
+    /// How many of `slots` are the canonical (first-seen) group of their slot.
+    pub n_touched: usize,
+    /// Dependent values (row format) of each member group; empty without dependents.
+    pub deps: ByteRows,
+    /// State columns of all aggregates (in aggregate order), one row per member group.
     pub states: Vec<ArrayRef>,
-    /// Keys of the fallback groups (NULL or not in the index).
-    pub fallback_keys: Option<ArrayRef>,
+    /// Whole group keys (row format) of the fallback groups (NULL or not in the index).
+    pub fallback_keys: Vec<Box<[u8]>>,
     /// State columns, one row per fallback group.
     pub fallback_states: Vec<ArrayRef>,
     /// The memory-pool reservation of these states (freed with them).
     pub _reservation: Option<MemoryReservation>,
 }
 
+impl PartialSlots {
+    fn empty() -> Self {
+        Self {
+            slots: Vec::new(),
+            n_touched: 0,
+            deps: ByteRows::default(),
+            states: Vec::new(),
+            fallback_keys: Vec::new(),
+            fallback_states: Vec::new(),
+            _reservation: None,
+        }
+    }
+
+    /// Bytes held by the states and group descriptions.
+    pub(super) fn size(&self) -> usize {
+        self.states
+            .iter()
+            .chain(&self.fallback_states)
+            .map(|a| a.get_array_memory_size())
+            .sum::<usize>()
+            + self.slots.capacity() * 8
+            + self.deps.size()
+            + self.fallback_keys.iter().map(|k| k.len() + 16).sum::<usize>()
+    }
+}
+
+/// What a group is.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// The canonical group of a slot.
+    Slot(usize),
+    /// A further group of a slot (dependent values differing from the canonical group's).
+    Mismatch(usize),
+    /// A fallback group (NULL key or key not in the index); the `k`-th one in group order has
+    /// the whole key `fallback_keys[k]`.
+    Fallback,
+}
+
 /// Accumulators indexed by slot, plus the fallback groups (see the module docs).
 pub(super) struct SlotGroups {
-    key_expr: Arc<dyn PhysicalExpr>,
+    grouping: Grouping,
     index: Arc<IndexHandle>,
     /// Argument expressions of each aggregate.
     args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
@@ -95,13 +140,17 @@ pub(super) struct SlotGroups {
     n_slots: usize,
     /// Group of slot `s`, or `NO_GROUP` (allocated on the first row).
     group_of_slot: Vec<u32>,
-    /// What each group is: a slot (`< n_slots`), or `n_slots + k` for the `k`-th fallback key.
-    origin: Vec<usize>,
-    /// Row-format key -> fallback group number.
+    /// What each group is.
+    origin: Vec<Origin>,
+    /// Dependent values of each group (row format; an empty row for fallback groups). Unused
+    /// without dependents.
+    deps: ByteRows,
+    /// `slot (8 bytes LE) ++ dependent row` -> mismatch group.
+    mismatch: HashMap<Box<[u8]>, usize>,
+    /// Whole row-format group key -> fallback group number.
     fallback: HashMap<Box<[u8]>, usize>,
-    /// Fallback keys in group order (row format).
+    /// Whole row-format group keys of the fallback groups, in group order.
     fallback_keys: Vec<Box<[u8]>>,
-    converter: RowConverter,
     /// True once at least one row was accumulated.
     seen_rows: bool,
     slots: Vec<u64>,
@@ -110,10 +159,15 @@ pub(super) struct SlotGroups {
 }
 
 impl SlotGroups {
-    /// Accumulators for the aggregates of `agg`, grouped by the slots of `index`.
-    pub(super) fn try_new(agg: &AggregateExec, index: Arc<IndexHandle>, metrics: SlotMetrics) -> Result<Self> {
-        let key_expr = Arc::clone(&agg.group_expr().expr()[0].0);
-        let key_type = key_expr.data_type(&agg.input_schema())?;
+    /// Accumulators for the aggregates of `agg`, grouped by the slots of `index` (the group
+    /// expression at `key_pos`); `out_schema` gives the output types of the group columns.
+    pub(super) fn try_new(
+        agg: &AggregateExec,
+        key_pos: usize,
+        out_schema: &Schema,
+        index: Arc<IndexHandle>,
+        metrics: SlotMetrics,
+    ) -> Result<Self> {
         let accs = agg
             .aggr_expr()
             .iter()
@@ -122,16 +176,17 @@ impl SlotGroups {
         let n_slots = usize::try_from(index.index().len())
             .map_err(|_| DataFusionError::Execution("MPHF index too large for this platform".into()))?;
         Ok(Self {
-            key_expr,
+            grouping: Grouping::try_new(agg, key_pos, out_schema)?,
             index,
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             accs,
             n_slots,
             group_of_slot: Vec::new(),
             origin: Vec::new(),
+            deps: ByteRows::default(),
+            mismatch: HashMap::new(),
             fallback: HashMap::new(),
             fallback_keys: Vec::new(),
-            converter: RowConverter::new(vec![SortField::new(key_type)])?,
             seen_rows: false,
             slots: Vec::new(),
             groups: Vec::new(),
@@ -143,10 +198,22 @@ impl SlotGroups {
     pub(super) fn size(&self) -> usize {
         self.accs.iter().map(|a| a.size()).sum::<usize>()
             + self.group_of_slot.capacity() * 4
-            + self.origin.capacity() * 8
+            + self.origin.capacity() * 16
+            + self.deps.size()
+            + self.mismatch.keys().map(|k| k.len() + 48).sum::<usize>()
             + self.fallback_keys.iter().map(|k| 2 * k.len() + 48).sum::<usize>()
             + self.slots.capacity() * 8
             + self.groups.capacity() * 8
+    }
+
+    /// A new group of origin `origin` with dependent values `dep`.
+    fn new_group(&mut self, origin: Origin, dep: &[u8]) -> usize {
+        let g = self.origin.len();
+        self.origin.push(origin);
+        if self.grouping.dep_converter.is_some() {
+            self.deps.push(dep);
+        }
+        g
     }
 
     /// Accumulates one input batch: slot lookup (batched, verified), then `update_batch`.
@@ -160,8 +227,9 @@ impl SlotGroups {
             self.group_of_slot = vec![NO_GROUP; self.n_slots];
         }
         {
-            let _timer = self.metrics.lookup_time.timer();
-            let key = self.key_expr.evaluate(batch)?.into_array(rows)?;
+            let lookup_time = self.metrics.lookup_time.clone();
+            let _timer = lookup_time.timer();
+            let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
             self.index
                 .index()
                 .lookup_slots(key.as_ref(), &mut self.slots)
@@ -172,47 +240,57 @@ impl SlotGroups {
                     self.slots.len()
                 )));
             }
-            self.groups.clear();
-            self.groups.reserve(rows);
-            let mut key_rows = None;
-            for (i, &slot) in self.slots.iter().enumerate() {
+            let dep_rows = self.grouping.dep_rows(batch)?;
+            let mut full_rows = None;
+            let slots = std::mem::take(&mut self.slots);
+            let mut groups = std::mem::take(&mut self.groups);
+            groups.clear();
+            groups.reserve(rows);
+            for (i, &slot) in slots.iter().enumerate() {
                 // Slots are random: start the cache miss of a row some distinct keys ahead.
-                if let Some(&ahead) = self.slots.get(i + GROUP_PREFETCH) {
+                if let Some(&ahead) = slots.get(i + GROUP_PREFETCH) {
                     if ahead != ABSENT {
                         prefetch(self.group_of_slot.as_ptr().wrapping_add(ahead as usize));
                     }
                 }
+                let dep: &[u8] = match &dep_rows {
+                    Some(r) => r.row(i).data(),
+                    None => &[],
+                };
                 if slot != ABSENT {
                     let s = slot as usize;
-                    let mut g = self.group_of_slot[s];
+                    let g = self.group_of_slot[s];
                     if g == NO_GROUP {
-                        g = self.origin.len() as u32;
-                        self.group_of_slot[s] = g;
-                        self.origin.push(s);
+                        let g = self.new_group(Origin::Slot(s), dep);
+                        self.group_of_slot[s] = g as u32;
+                        groups.push(g);
+                    } else if dep_rows.is_none() || self.deps.get(g as usize) == dep {
+                        groups.push(g as usize);
+                    } else {
+                        groups.push(self.mismatch_group(s, dep));
                     }
-                    self.groups.push(g as usize);
                 } else {
-                    let converted = match &key_rows {
+                    let converted = match &full_rows {
                         Some(r) => r,
-                        None => key_rows.insert(self.converter.convert_columns(&[Arc::clone(&key)])?),
+                        None => full_rows.insert(self.grouping.full_rows(&key, batch)?),
                     };
-                    let bytes = converted.row(i);
-                    let bytes: &[u8] = bytes.as_ref();
+                    let bytes = converted.row(i).data();
                     let group = match self.fallback.get(bytes) {
                         Some(&g) => g,
                         None => {
-                            let g = self.origin.len();
                             let owned: Box<[u8]> = bytes.into();
+                            let g = self.new_group(Origin::Fallback, &[]);
                             self.fallback.insert(owned.clone(), g);
-                            self.origin.push(self.n_slots + self.fallback_keys.len());
                             self.fallback_keys.push(owned);
                             g
                         }
                     };
                     self.metrics.fallback_rows.add(1);
-                    self.groups.push(group);
+                    groups.push(group);
                 }
             }
+            self.slots = slots;
+            self.groups = groups;
         }
         if self.origin.len() > u32::MAX as usize - 1 {
             return Err(DataFusionError::ResourcesExhausted(
@@ -232,47 +310,74 @@ impl SlotGroups {
         Ok(())
     }
 
-    /// The fallback keys as one array of `key_type`.
-    fn fallback_key_array(&self, key_type: &DataType) -> Result<Option<ArrayRef>> {
-        if self.fallback_keys.is_empty() {
-            return Ok(None);
+    /// The group of a row of slot `slot` whose dependent values `dep` differ from the slot's
+    /// canonical group's.
+    fn mismatch_group(&mut self, slot: usize, dep: &[u8]) -> usize {
+        let mut key = Vec::with_capacity(8 + dep.len());
+        key.extend_from_slice(&(slot as u64).to_le_bytes());
+        key.extend_from_slice(dep);
+        if let Some(&g) = self.mismatch.get(key.as_slice()) {
+            return g;
         }
-        let parser = self.converter.parser();
-        let rows = self.fallback_keys.iter().map(|k| parser.parse(k));
-        let keys = self.converter.convert_rows(rows)?.remove(0);
-        Ok(Some(cast_to(keys, key_type)?))
+        let g = self.new_group(Origin::Mismatch(slot), dep);
+        self.mismatch.insert(key.into_boxed_slice(), g);
+        self.metrics.fallback_rows.add(1);
+        g
     }
 
-    /// Group ids ordered by slot, fallback groups last (in their order of appearance), and how
-    /// many of them are slots. A scan of `group_of_slot` lists the slot groups already sorted.
-    fn emission_order(&self) -> (UInt32Array, usize) {
+    /// Group ids in emission order: canonical slot groups by slot, mismatch groups, fallback
+    /// groups (both in order of appearance); and how many are canonical slot groups and member
+    /// groups (canonical + mismatch). A scan of `group_of_slot` lists the slot groups sorted.
+    fn emission_order(&self) -> (UInt32Array, usize, usize) {
         let mut order: Vec<u32> = Vec::with_capacity(self.origin.len());
         order.extend(self.group_of_slot.iter().copied().filter(|&g| g != NO_GROUP));
         let n_touched = order.len();
-        order.extend((0..self.origin.len() as u32).filter(|&g| self.origin[g as usize] >= self.n_slots));
-        (UInt32Array::from(order), n_touched)
+        order.extend((0..self.origin.len() as u32).filter(|&g| matches!(self.origin[g as usize], Origin::Mismatch(_))));
+        let n_members = order.len();
+        order.extend((0..self.origin.len() as u32).filter(|&g| matches!(self.origin[g as usize], Origin::Fallback)));
+        (UInt32Array::from(order), n_touched, n_members)
     }
 
-    /// The single result batch: touched slots in slot order, then fallback groups; final values
-    /// when `final_output`, else partial states.
+    /// Slot of member group `g`.
+    fn slot_of(&self, g: u32) -> usize {
+        match self.origin[g as usize] {
+            Origin::Slot(s) | Origin::Mismatch(s) => s,
+            Origin::Fallback => usize::MAX,
+        }
+    }
+
+    /// The group columns of the member groups `order` (keys from the index, dependents from
+    /// their stored rows), in group-expression order.
+    fn member_columns(&self, order: &[u32]) -> Result<Vec<ArrayRef>> {
+        let slots = UInt64Array::from_iter_values(order.iter().map(|&g| self.slot_of(g) as u64));
+        let key = take(self.index.index().keys().as_ref(), &slots, None)?;
+        let deps = self
+            .grouping
+            .decode_deps(order.iter().map(|&g| self.deps.get(g as usize)))?;
+        self.grouping.assemble(key, deps)
+    }
+
+    /// The group columns of the fallback groups, in group-expression order.
+    fn fallback_columns(&self) -> Result<Option<Vec<ArrayRef>>> {
+        if self.fallback_keys.is_empty() {
+            return Ok(None);
+        }
+        let (key, deps) = self.grouping.decode_full(self.fallback_keys.iter().map(|k| &k[..]))?;
+        Ok(Some(self.grouping.assemble(key, deps)?))
+    }
+
+    /// The single result batch: touched slots in slot order, then mismatch and fallback groups;
+    /// final values when `final_output`, else partial states.
     pub(super) fn emit(&mut self, schema: &SchemaRef, final_output: bool) -> Result<RecordBatch> {
         let _timer = self.metrics.emitting_time.timer();
         if !self.seen_rows {
             return Ok(RecordBatch::new_empty(Arc::clone(schema)));
         }
-        let (order, n_touched) = self.emission_order();
+        let (order, n_touched, n_members) = self.emission_order();
         self.metrics.slots_touched.add(n_touched);
-        let slots = UInt64Array::from_iter_values(
-            order.values()[..n_touched]
-                .iter()
-                .map(|&g| self.origin[g as usize] as u64),
-        );
-        let key_type = schema.field(0).data_type();
-        let mut key = cast_to(take(self.index.index().keys().as_ref(), &slots, None)?, key_type)?;
-        if let Some(fb) = self.fallback_key_array(key_type)? {
-            key = concat(&[key.as_ref(), fb.as_ref()])?;
-        }
-        let mut columns = vec![key];
+        let mut parts = vec![self.member_columns(&order.values()[..n_members])?];
+        parts.extend(self.fallback_columns()?);
+        let mut columns = Grouping::concat(parts)?;
         for acc in &mut self.accs {
             if final_output {
                 columns.push(take(acc.evaluate(EmitTo::All)?.as_ref(), &order, None)?);
@@ -284,6 +389,8 @@ impl SlotGroups {
         }
         self.fallback.clear();
         self.fallback_keys.clear();
+        self.mismatch.clear();
+        self.deps = ByteRows::default();
         self.origin.clear();
         self.group_of_slot = Vec::new();
         // Columns may differ from the schema only in nullability flags / metadata of state fields.
@@ -291,48 +398,37 @@ impl SlotGroups {
     }
 
     /// The partial states for the slot-range merge (see [`PartialSlots`]).
-    pub(super) fn into_partial(mut self, key_type: &DataType) -> Result<PartialSlots> {
+    pub(super) fn into_partial(mut self) -> Result<PartialSlots> {
         let _timer = self.metrics.emitting_time.timer();
         if !self.seen_rows {
-            return Ok(PartialSlots {
-                slots: Vec::new(),
-                states: Vec::new(),
-                fallback_keys: None,
-                fallback_states: Vec::new(),
-                _reservation: None,
-            });
+            return Ok(PartialSlots::empty());
         }
-        let (order, n_touched) = self.emission_order();
-        let slots: Vec<usize> = order.values()[..n_touched]
-            .iter()
-            .map(|&g| self.origin[g as usize])
-            .collect();
-        let slot_order = order.slice(0, n_touched);
-        let fallback_order = order.slice(n_touched, order.len() - n_touched);
-        let fallback_keys = self.fallback_key_array(key_type)?;
+        let (order, n_touched, n_members) = self.emission_order();
+        let member_order = order.slice(0, n_members);
+        let fallback_order = order.slice(n_members, order.len() - n_members);
+        let slots: Vec<usize> = member_order.values().iter().map(|&g| self.slot_of(g)).collect();
+        let mut deps = ByteRows::default();
+        if self.grouping.dep_converter.is_some() {
+            for &g in member_order.values() {
+                deps.push(self.deps.get(g as usize));
+            }
+        }
         let mut states = Vec::new();
         let mut fallback_states = Vec::new();
         for acc in &mut self.accs {
             for state in acc.state(EmitTo::All)? {
-                states.push(take(state.as_ref(), &slot_order, None)?);
+                states.push(take(state.as_ref(), &member_order, None)?);
                 fallback_states.push(take(state.as_ref(), &fallback_order, None)?);
             }
         }
         Ok(PartialSlots {
             slots,
+            n_touched,
+            deps,
             states,
-            fallback_keys,
+            fallback_keys: std::mem::take(&mut self.fallback_keys),
             fallback_states,
             _reservation: None,
         })
-    }
-}
-
-/// `array` cast to `to` when its type differs (the key column may be a view or dictionary type).
-pub(super) fn cast_to(array: ArrayRef, to: &DataType) -> Result<ArrayRef> {
-    if array.data_type() == to {
-        Ok(array)
-    } else {
-        Ok(cast(&array, to)?)
     }
 }

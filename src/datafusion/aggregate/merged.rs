@@ -24,10 +24,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use ::datafusion::arrow::buffer::BooleanBuffer;
-use ::datafusion::arrow::compute::{concat, filter};
-use ::datafusion::arrow::row::{RowConverter, SortField};
+use ::datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use ::datafusion::arrow::compute::take;
 use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, DataFusionError, Result};
@@ -45,7 +43,8 @@ use ::datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::groups::{cast_to, groups_accumulator, PartialSlots, SlotGroups, SlotMetrics};
+use super::grouping::{ByteRows, Grouping};
+use super::groups::{groups_accumulator, PartialSlots, SlotGroups, SlotMetrics};
 use crate::datafusion::registry::IndexHandle;
 
 type PartialsResult = std::result::Result<Arc<Vec<PartialSlots>>, Arc<DataFusionError>>;
@@ -57,6 +56,8 @@ pub struct MphfMergedAggregateExec {
     /// The replaced final aggregate: output schema and aggregate expressions.
     final_agg: Arc<AggregateExec>,
     index: Arc<IndexHandle>,
+    /// Position of the indexed key among the group expressions.
+    key_pos: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
     /// The partials of the current execution, computed once, and how many output partitions
@@ -73,12 +74,13 @@ impl fmt::Debug for MphfMergedAggregateExec {
 }
 
 impl MphfMergedAggregateExec {
-    /// Replaces `final_agg` (whose input chain ends in `partial`) with `output_partitions`
-    /// slot ranges.
+    /// Replaces `final_agg` (whose input chain ends in `partial`, grouped by the slots of its
+    /// group expression `key_pos`) with `output_partitions` slot ranges.
     pub fn new(
         partial: Arc<AggregateExec>,
         final_agg: Arc<AggregateExec>,
         index: Arc<IndexHandle>,
+        key_pos: usize,
         output_partitions: usize,
     ) -> Self {
         let schema = ExecutionPlan::schema(final_agg.as_ref());
@@ -92,6 +94,7 @@ impl MphfMergedAggregateExec {
             partial,
             final_agg,
             index,
+            key_pos,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             partials: Mutex::new(None),
@@ -114,34 +117,30 @@ impl MphfMergedAggregateExec {
         let index = Arc::clone(&self.index);
         let context = Arc::clone(context);
         let metrics = self.metrics.clone();
-        let key_type = ExecutionPlan::schema(self.final_agg.as_ref())
-            .field(0)
-            .data_type()
-            .clone();
+        let out_schema = ExecutionPlan::schema(self.final_agg.as_ref());
+        let key_pos = self.key_pos;
         let fut = async move {
             let inputs = partial.input().output_partitioning().partition_count();
             let mut tasks = Vec::with_capacity(inputs);
             for i in 0..inputs {
                 let stream = partial.input().execute(i, Arc::clone(&context))?;
-                let mut groups = SlotGroups::try_new(&partial, Arc::clone(&index), SlotMetrics::new(&metrics, i))?;
+                let mut groups = SlotGroups::try_new(
+                    &partial,
+                    key_pos,
+                    &out_schema,
+                    Arc::clone(&index),
+                    SlotMetrics::new(&metrics, i),
+                )?;
                 let reservation =
                     MemoryConsumer::new(format!("MphfAggregateExec[partial {i}]")).register(context.memory_pool());
-                let key_type = key_type.clone();
                 tasks.push(SpawnedTask::spawn(async move {
                     let mut stream = stream;
                     while let Some(batch) = stream.next().await {
                         groups.accumulate(&batch?)?;
                         reservation.try_resize(groups.size())?;
                     }
-                    let out = groups.into_partial(&key_type)?;
-                    let bytes = out
-                        .states
-                        .iter()
-                        .chain(&out.fallback_states)
-                        .map(|a| a.get_array_memory_size())
-                        .sum::<usize>()
-                        + out.slots.capacity() * 8;
-                    reservation.try_resize(bytes)?;
+                    let out = groups.into_partial()?;
+                    reservation.try_resize(out.size())?;
                     Ok::<_, DataFusionError>(PartialSlots {
                         _reservation: Some(reservation),
                         ..out
@@ -173,6 +172,19 @@ struct Stages {
     partial: Arc<AggregateExec>,
     final_agg: Arc<AggregateExec>,
     index: Arc<IndexHandle>,
+    key_pos: usize,
+}
+
+/// `canon_of` value of a slot whose canonical dependent values are not set yet.
+const NO_CANON: u32 = u32::MAX;
+
+/// A group of a range after its slots' canonical groups.
+enum OtherGroup {
+    /// A slot's group with dependent values differing from the canonical ones (row `k` of the
+    /// range's `other_deps`).
+    Member { slot: usize, dep: usize },
+    /// A fallback group (`k`-th whole key of the range's `fallback_keys`).
+    Fallback,
 }
 
 /// Merges the partials' states for the slots `[lo, hi)` (and, when `with_fallback`, the
@@ -186,7 +198,8 @@ fn merge_range(
     slots_touched: &::datafusion::physical_plan::metrics::Count,
 ) -> Result<RecordBatch> {
     let schema = ExecutionPlan::schema(exec.final_agg.as_ref());
-    let key_type = schema.field(0).data_type().clone();
+    let grouping = Grouping::try_new(&exec.partial, exec.key_pos, &schema)?;
+    let has_deps = grouping.dep_converter.is_some();
     let mut accs = exec
         .final_agg
         .aggr_expr()
@@ -201,39 +214,91 @@ fn merge_range(
         .collect::<Result<_>>()?;
     let n_range = hi - lo;
     let mut touched = vec![false; n_range];
-    let mut fallback = std::collections::HashMap::<Box<[u8]>, usize>::new();
-    let mut fallback_keys: Vec<ArrayRef> = Vec::new();
-    let converter = RowConverter::new(vec![SortField::new(key_type.clone())])?;
+    // Canonical dependent values of the range's slots: the first partial's that touched it.
+    let mut canon_of = if has_deps { vec![NO_CANON; n_range] } else { Vec::new() };
+    let mut canon = ByteRows::default();
+    // Groups `n_range + k`: mismatches and fallback groups, by a tagged byte key.
+    let mut others: Vec<OtherGroup> = Vec::new();
+    let mut other_of = std::collections::HashMap::<Box<[u8]>, usize>::new();
+    let mut other_deps = ByteRows::default();
+    let mut fallback_keys: Vec<&[u8]> = Vec::new();
     let mut groups = Vec::new();
+    let mut picked: Vec<u32> = Vec::new();
     for part in partials {
-        let a = part.slots.partition_point(|&s| s < lo);
-        let b = part.slots.partition_point(|&s| s < hi);
-        if a < b {
-            groups.clear();
-            groups.extend(part.slots[a..b].iter().map(|&s| s - lo));
-            for &g in &groups {
-                touched[g] = true;
+        let a = part.slots[..part.n_touched].partition_point(|&s| s < lo);
+        let b = part.slots[..part.n_touched].partition_point(|&s| s < hi);
+        groups.clear();
+        picked.clear();
+        let mismatches = part.n_touched..part.slots.len();
+        let in_range = (a..b).chain(mismatches.clone().filter(|&j| (lo..hi).contains(&part.slots[j])));
+        for j in in_range {
+            let s = part.slots[j] - lo;
+            touched[s] = true;
+            picked.push(j as u32);
+            if !has_deps {
+                groups.push(s);
+                continue;
             }
-            let total = n_range + fallback.len();
+            let dep = part.deps.get(j);
+            if canon_of[s] == NO_CANON {
+                canon_of[s] = canon.len() as u32;
+                canon.push(dep);
+                groups.push(s);
+            } else if canon.get(canon_of[s] as usize) == dep {
+                groups.push(s);
+            } else {
+                let mut tag = Vec::with_capacity(9 + dep.len());
+                tag.push(0u8);
+                tag.extend_from_slice(&(s as u64).to_le_bytes());
+                tag.extend_from_slice(dep);
+                let next = others.len();
+                let k = *other_of.entry(tag.into_boxed_slice()).or_insert_with(|| {
+                    others.push(OtherGroup::Member {
+                        slot: s,
+                        dep: other_deps.len(),
+                    });
+                    other_deps.push(dep);
+                    next
+                });
+                groups.push(n_range + k);
+            }
+        }
+        if !groups.is_empty() {
+            let total = n_range + others.len();
+            // Without mismatches in the partial, its rows of the range are contiguous.
+            let contiguous = mismatches.is_empty();
+            let indices = UInt32Array::from(picked.clone());
             let mut col = 0;
             for (acc, &w) in accs.iter_mut().zip(&widths) {
-                let states: Vec<ArrayRef> = part.states[col..col + w].iter().map(|s| s.slice(a, b - a)).collect();
+                let states = part.states[col..col + w]
+                    .iter()
+                    .map(|s| {
+                        if contiguous {
+                            Ok(s.slice(a, b - a))
+                        } else {
+                            Ok(take(s.as_ref(), &indices, None)?)
+                        }
+                    })
+                    .collect::<Result<Vec<ArrayRef>>>()?;
                 acc.merge_batch(&states, &groups, total)?;
                 col += w;
             }
         }
-        if let (true, Some(keys)) = (with_fallback, &part.fallback_keys) {
-            let rows = converter.convert_columns(&[Arc::clone(keys)])?;
+        if with_fallback && !part.fallback_keys.is_empty() {
             groups.clear();
-            for (i, row) in rows.iter().enumerate() {
-                let next = fallback.len();
-                let g = *fallback.entry(row.as_ref().into()).or_insert_with(|| {
-                    fallback_keys.push(keys.slice(i, 1));
+            for key in &part.fallback_keys {
+                let mut tag = Vec::with_capacity(1 + key.len());
+                tag.push(1u8);
+                tag.extend_from_slice(key);
+                let next = others.len();
+                let k = *other_of.entry(tag.into_boxed_slice()).or_insert_with(|| {
+                    others.push(OtherGroup::Fallback);
+                    fallback_keys.push(key);
                     next
                 });
-                groups.push(n_range + g);
+                groups.push(n_range + k);
             }
-            let total = n_range + fallback.len();
+            let total = n_range + others.len();
             let mut col = 0;
             for (acc, &w) in accs.iter_mut().zip(&widths) {
                 acc.merge_batch(&part.fallback_states[col..col + w], &groups, total)?;
@@ -243,22 +308,44 @@ fn merge_range(
     }
     let n_touched = touched.iter().filter(|&&t| t).count();
     slots_touched.add(n_touched);
-    if n_touched == 0 && fallback.is_empty() {
+    if n_touched == 0 && others.is_empty() {
         return Ok(RecordBatch::new_empty(schema));
     }
-    let slot_mask = BooleanArray::new(BooleanBuffer::from(touched.as_slice()), None);
-    touched.extend(std::iter::repeat_n(true, fallback.len()));
-    let mask = BooleanArray::new(BooleanBuffer::from(touched), None);
-    let keys = exec.index.index().keys().slice(lo, n_range);
-    let mut key = cast_to(filter(keys.as_ref(), &slot_mask)?, &key_type)?;
-    if !fallback_keys.is_empty() {
-        let mut parts: Vec<&dyn Array> = vec![key.as_ref()];
-        parts.extend(fallback_keys.iter().map(|k| k.as_ref()));
-        key = concat(&parts)?;
+    // Emission: canonical slot groups in slot order, mismatch groups, fallback groups.
+    let mut order: Vec<u32> = (0..n_range as u32).filter(|&s| touched[s as usize]).collect();
+    let mut member_slots: Vec<u64> = order.iter().map(|&s| (lo + s as usize) as u64).collect();
+    let mut member_deps: Vec<&[u8]> = Vec::new();
+    if has_deps {
+        member_deps.extend(order.iter().map(|&s| canon.get(canon_of[s as usize] as usize)));
     }
-    let mut columns = vec![key];
+    for (k, other) in others.iter().enumerate() {
+        if let OtherGroup::Member { slot, dep } = other {
+            order.push((n_range + k) as u32);
+            member_slots.push((lo + slot) as u64);
+            member_deps.push(other_deps.get(*dep));
+        }
+    }
+    order.extend(
+        others
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, OtherGroup::Fallback))
+            .map(|(k, _)| (n_range + k) as u32),
+    );
+    let key = take(
+        exec.index.index().keys().as_ref(),
+        &UInt64Array::from(member_slots),
+        None,
+    )?;
+    let mut parts = vec![grouping.assemble(key, grouping.decode_deps(member_deps.into_iter())?)?];
+    if !fallback_keys.is_empty() {
+        let (key, deps) = grouping.decode_full(fallback_keys.into_iter())?;
+        parts.push(grouping.assemble(key, deps)?);
+    }
+    let mut columns = Grouping::concat(parts)?;
+    let order = UInt32Array::from(order);
     for acc in &mut accs {
-        columns.push(filter(acc.evaluate(EmitTo::All)?.as_ref(), &mask)?);
+        columns.push(take(acc.evaluate(EmitTo::All)?.as_ref(), &order, None)?);
     }
     Ok(RecordBatch::try_new(schema, columns)?)
 }
@@ -330,6 +417,7 @@ impl ExecutionPlan for MphfMergedAggregateExec {
             super::with_new_input(&self.partial, children, options)?,
             Arc::clone(&self.final_agg),
             Arc::clone(&self.index),
+            self.key_pos,
             self.properties.output_partitioning().partition_count(),
         )))
     }
@@ -358,6 +446,7 @@ impl ExecutionPlan for MphfMergedAggregateExec {
             partial: Arc::clone(&self.partial),
             final_agg: Arc::clone(&self.final_agg),
             index: Arc::clone(&self.index),
+            key_pos: self.key_pos,
         };
         let out = futures::stream::once(async move {
             let partials = partials.await.map_err(DataFusionError::Shared)?;

@@ -37,7 +37,9 @@
 //!   vanilla DataFusion's even when the index is stale.
 //! - Only touched slots (and fallback groups) are emitted, in slot order, in `batch_size` batches.
 
+mod grouping;
 mod groups;
+mod lineage;
 mod merged;
 mod rule;
 mod stream;
@@ -92,16 +94,20 @@ pub struct MphfAggregateExec {
     agg: Arc<AggregateExec>,
     /// The index of the group column.
     index: Arc<IndexHandle>,
+    /// Position of the indexed key among the group expressions (the others depend on it).
+    key_pos: usize,
     /// Execution metrics.
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl MphfAggregateExec {
-    /// Wraps `agg` (already checked by the rule) with `index`.
-    pub fn new(agg: Arc<AggregateExec>, index: Arc<IndexHandle>) -> Self {
+    /// Wraps `agg` (already checked by the rule), grouped by the slots in `index` of its group
+    /// expression `key_pos`.
+    pub fn new(agg: Arc<AggregateExec>, index: Arc<IndexHandle>, key_pos: usize) -> Self {
         Self {
             agg,
             index,
+            key_pos,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
@@ -114,6 +120,11 @@ impl MphfAggregateExec {
     /// The index used.
     pub fn index(&self) -> &Arc<IndexHandle> {
         &self.index
+    }
+
+    /// Position of the indexed key among the group expressions.
+    pub fn key_pos(&self) -> usize {
+        self.key_pos
     }
 
     /// The replaced aggregate's mode (`Partial`, `Single` or `SinglePartitioned`).
@@ -201,7 +212,7 @@ impl ExecutionPlan for MphfAggregateExec {
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let agg = with_new_input(&self.agg, children, options)?;
-        Ok(Arc::new(Self::new(agg, Arc::clone(&self.index))))
+        Ok(Arc::new(Self::new(agg, Arc::clone(&self.index), self.key_pos)))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -218,6 +229,7 @@ impl ExecutionPlan for MphfAggregateExec {
         let stream = MphfAggregateStream::try_new(
             &self.agg,
             Arc::clone(&self.index),
+            self.key_pos,
             input,
             context.session_config().batch_size(),
             reservation,

@@ -9,7 +9,8 @@
 //! - Decline when the index has fewer than [`MIN_SLOTS`] slots: a hash table that small stays in
 //!   cache, DataFusion's vectorized hashing is as fast as an MPHF query, and the slot arrays buy
 //!   nothing (the `l_suppkey` shape with 10k groups at SF1 measured equal in vanilla and DuckDB).
-//! - Decline when the input's row-count estimate (exact or inexact) is known and
+//! - Decline when the input's row-count estimate ([`estimated_rows`](super::lineage): DataFusion's,
+//!   corrected through joins on unique indexed keys) is known and
 //!   `input partitions × slots > rows × mphf.aggregate_max_slot_entries_per_row` (default 1):
 //!   every input partition accumulates into slot arrays of the full slot count, and emitting
 //!   its partial scans them, so the slot arrays must not outgrow the rows. Measured on GROUP BY
@@ -25,6 +26,9 @@
 //!   dense-key table (integer keys in a narrow range, `mphf.dense_lookup_max_bytes_per_key`)
 //!   skip this check: their lookups are one array read.
 //!
+//! - Several group expressions: one of them must be an indexed column on which all the others
+//!   depend (see [`lineage`](super::lineage)); the first such column is the key.
+//!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
 use std::sync::Arc;
@@ -33,17 +37,18 @@ use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
-use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
+use super::lineage::{depends_on_key, estimated_rows};
 use super::{MphfAggregateExec, MphfMergedAggregateExec};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::registry::index_of_field;
+use crate::datafusion::registry::{index_of_field, IndexHandle};
 
 /// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
 /// hash aggregation.
@@ -58,6 +63,8 @@ pub struct Costing {
     pub min_rows_per_run: f64,
     /// Most slot-array entries (input partitions × slots) per input row.
     pub max_slot_entries_per_row: f64,
+    /// Several group expressions need a proof that the others depend on the indexed one.
+    pub require_dependence: bool,
 }
 
 /// The physical optimizer rule installing [`MphfAggregateExec`].
@@ -83,7 +90,7 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     }
     let group_by = agg.group_expr();
     // Grouping sets (ROLLUP/CUBE) add a grouping id column and null-filled keys.
-    if !group_by.is_single() || group_by.expr().len() != 1 {
+    if !group_by.is_single() || group_by.expr().is_empty() {
         return Ok(None);
     }
     // FILTER clauses and ordered aggregates need per-row masks / sorted input we do not feed.
@@ -94,22 +101,10 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     if agg.limit_options().is_some() || agg.properties().output_ordering().is_some() {
         return Ok(None);
     }
-    let Some(col) = group_by.expr()[0].0.downcast_ref::<Column>() else {
-        return Ok(None);
-    };
-    let input_schema = agg.input_schema();
-    if col.index() >= input_schema.fields().len() {
-        return Ok(None);
-    }
-    let field = input_schema.field(col.index());
-    let Some(handle) = index_of_field(field) else {
+    let Some((key_pos, handle)) = indexed_key(agg, costing.require_dependence) else {
         return Ok(None);
     };
     let index = handle.index();
-    // The key column must have exactly the index's key type (lookup and emission rely on it).
-    if index.keys().data_type() != field.data_type() {
-        return Ok(None);
-    }
     let slots = index.len();
     if slots < costing.min_slots {
         return Ok(None);
@@ -118,15 +113,38 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     if index.dense_lookup_bytes() == 0 && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
         return Ok(None);
     }
-    if let Ok(stats) = StatisticsContext::new().compute(agg.input().as_ref(), &StatisticsArgs::new()) {
-        if let Some(&rows) = stats.num_rows.get_value() {
-            let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
-            if partitions * slots as f64 > rows as f64 * costing.max_slot_entries_per_row {
-                return Ok(None);
-            }
+    if let Some(rows) = estimated_rows(agg.input()) {
+        let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
+        if partitions * slots as f64 > rows * costing.max_slot_entries_per_row {
+            return Ok(None);
         }
     }
-    Ok(Some(MphfAggregateExec::new(Arc::new(agg.clone()), Arc::clone(&handle))))
+    Ok(Some(MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos)))
+}
+
+/// The group expression to group by (its position and index): a column with a live index of
+/// its exact type on which every other group expression depends (see [`lineage`](super::lineage)), or, without
+/// `require_dependence`, the first indexed column.
+fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, Arc<IndexHandle>)> {
+    let exprs = agg.group_expr().expr();
+    let input_schema = agg.input_schema();
+    exprs.iter().enumerate().find_map(|(pos, (expr, _))| {
+        let col = expr.downcast_ref::<Column>()?;
+        let field = input_schema.fields().get(col.index())?;
+        let handle = index_of_field(field)?;
+        // The key column must have exactly the index's key type (lookup and emission rely on it).
+        if handle.index().keys().data_type() != field.data_type() {
+            return None;
+        }
+        let others: Vec<&Arc<dyn PhysicalExpr>> = exprs
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != pos)
+            .map(|(_, (e, _))| e)
+            .collect();
+        (others.is_empty() || !require_dependence || depends_on_key(agg.input(), col.index(), &others))
+            .then_some((pos, handle))
+    })
 }
 
 /// Replaces eligible aggregates bottom-up; with `merge`, also fuses `Final ← exchange ←
@@ -159,7 +177,6 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         || agg.limit_options().is_some()
         || agg.properties().output_ordering().is_some()
         || !agg.group_expr().is_single()
-        || agg.group_expr().expr().len() != 1
     {
         return None;
     }
@@ -172,7 +189,10 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         return None;
     }
     let partial = exchange.children().first()?.downcast_ref::<MphfAggregateExec>()?;
-    if partial.mode() != AggregateMode::Partial || partial.aggregate().aggr_expr().len() != agg.aggr_expr().len() {
+    if partial.mode() != AggregateMode::Partial
+        || partial.aggregate().aggr_expr().len() != agg.aggr_expr().len()
+        || partial.aggregate().group_expr().expr().len() != agg.group_expr().expr().len()
+    {
         return None;
     }
     let outputs = agg.properties().output_partitioning().partition_count();
@@ -180,6 +200,7 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         Arc::clone(partial.aggregate()),
         Arc::new(agg.clone()),
         Arc::clone(partial.index()),
+        partial.key_pos(),
         outputs,
     ))
 }
@@ -196,6 +217,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             min_slots: cfg.aggregate_min_slots,
             min_rows_per_run: cfg.aggregate_min_rows_per_run,
             max_slot_entries_per_row: cfg.aggregate_max_slot_entries_per_row,
+            require_dependence: cfg.aggregate_require_dependence,
         };
         let merged = rewrite(Arc::clone(&plan), true, &costing)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above

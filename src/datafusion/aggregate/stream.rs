@@ -55,16 +55,18 @@ impl MphfAggregateStream {
     pub(super) fn try_new(
         agg: &AggregateExec,
         index: Arc<IndexHandle>,
+        key_pos: usize,
         input: SendableRecordBatchStream,
         batch_size: usize,
         reservation: MemoryReservation,
         metrics: &ExecutionPlanMetricsSet,
         partition: usize,
     ) -> Result<Self> {
+        let schema = ExecutionPlan::schema(agg);
         Ok(Self {
             input,
-            schema: ExecutionPlan::schema(agg),
-            groups: SlotGroups::try_new(agg, index, SlotMetrics::new(metrics, partition))?,
+            groups: SlotGroups::try_new(agg, key_pos, &schema, index, SlotMetrics::new(metrics, partition))?,
+            schema,
             final_output: !matches!(agg.mode(), AggregateMode::Partial),
             batch_size: batch_size.max(1),
             reservation,
