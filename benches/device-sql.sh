@@ -5,11 +5,42 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins
+PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc > "$OUT/nproc.txt"
+
+if [ "$PART" = sf1 ]; then
+  log "bench join SF 1, 16 partitions"
+  timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown > "$OUT/join_sf1_p16.md" 2>&1
+  log "bench join SF 1, lineitem ⋈ orders, EXPLAIN ANALYZE"
+  timeout 60 "$BIN" bench join --scale 1 --runs 3 --explain --only "lineitem ⋈ orders" > "$OUT/join_sf1_p16_explain.txt" 2>&1
+  log "bench groupby SF 1, 16 partitions"
+  timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1_p16.md" 2>&1
+  log "bench groupby SF 10, 16 partitions (dependent columns)"
+  timeout 150 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "order columns" > "$OUT/groupby_sf10_p16_dep.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = forms ]; then
+  # The join's collect form vs its partitioned (one build per partition) form on 16 partitions.
+  for form in collect partitioned; do
+    set_arg=""; [ "$form" = partitioned ] && set_arg="--set mphf.join_collect_max_partitions=8"
+    log "bench join SF 1, 16 partitions, $form form"
+    timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown $set_arg > "$OUT/join_sf1_p16_$form.md" 2>&1
+    log "bench join SF 1 lineitem ⋈ orders EXPLAIN ANALYZE, $form form"
+    timeout 60 "$BIN" bench join --scale 1 --runs 3 --explain --only "lineitem ⋈ orders" $set_arg > "$OUT/join_sf1_p16_${form}_explain.txt" 2>&1
+    log "bench groupby SF 1, 16 partitions, joins feeding GROUP BYs, $form form"
+    timeout 60 "$BIN" bench groupby --scale 1 --runs 5 --markdown --only "c_name" $set_arg > "$OUT/groupby_sf1_p16_cname_$form.md" 2>&1
+    timeout 60 "$BIN" bench groupby --scale 1 --runs 5 --markdown --only "order columns" $set_arg > "$OUT/groupby_sf1_p16_dep_$form.md" 2>&1
+    log "bench join SF 10, 16 partitions, $form form"
+    timeout 150 "$BIN" bench join --scale 10 --runs 3 --markdown --only "orders (orderkey)" $set_arg > "$OUT/join_sf10_p16_$form.md" 2>&1
+  done
+  log "done"
+  exit 0
+fi
 
 if [ "$PART" = joins ]; then
   log "bench join SF 1, 16 partitions"

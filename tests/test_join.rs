@@ -106,6 +106,17 @@ async fn partitioned_join_runs_collected_without_repartitions() {
     let plan = compare(&ctx, "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id").await;
     assert!(plan.contains("MphfJoinExec: mode=CollectLeft"), "{plan}");
     assert!(!plan.contains("RepartitionExec: partitioning=Hash"), "{plan}");
+    // Under a GROUP BY on a build-side column the probe side stays hash partitioned on the key,
+    // so each group is in one partition of the partial aggregate; the build side is collected.
+    let plan = compare(
+        &ctx,
+        "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+    )
+    .await;
+    let join_at = plan.find("MphfJoinExec: mode=CollectLeft").expect("collect form");
+    let below = &plan[join_at..];
+    assert!(below.contains("RepartitionExec: partitioning=Hash([id@"), "{plan}");
+    assert!(below.contains("CoalescePartitionsExec"), "{plan}");
     // A parent that needs the join's hash partitioning keeps the one-for-one form.
     let plan = compare(
         &ctx,

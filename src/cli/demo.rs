@@ -48,6 +48,10 @@ pub struct DemoArgs {
     /// Run only the queries whose label contains this text (case-insensitive).
     #[arg(long)]
     pub only: Option<String>,
+    /// `KEY=VALUE`: a session option set in the MPHF session before the queries run
+    /// (repeatable), e.g. `--set mphf.join_collect_max_partitions=4`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// Which queries a run shows.
@@ -274,6 +278,13 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             "CREATE INDEX {name} ON {table} ({col}): {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
         );
+    }
+    for setting in &args.set {
+        let Some((key, value)) = setting.split_once('=') else {
+            bail!("--set takes KEY=VALUE, got {setting:?}");
+        };
+        mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
+        eprintln!("SET {} = {}", key.trim(), value.trim());
     }
     let stats = mphf
         .sql(

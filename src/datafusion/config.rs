@@ -41,6 +41,10 @@ extensions_options! {
         /// Costing: without a dense-key table, the probe key must be an indexed column with at
         /// least this many rows per run of equal keys (one MPHF query per run).
         pub join_min_probe_rows_per_run: f64, default = 2.0
+        /// The collect form (one shared build, no hash repartitions) replaces a `Partitioned`
+        /// join only up to this many probe partitions; beyond, the join keeps its partitions
+        /// (one build per partition, built in parallel). 0: no limit.
+        pub join_collect_max_partitions: usize, default = 0
         /// Costing: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
         pub join_yield_to_array_map: bool, default = true
     }

@@ -30,8 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 
 use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
-use ::datafusion::arrow::compute::concat_batches;
+use ::datafusion::arrow::compute::{concat, concat_batches};
 use ::datafusion::arrow::datatypes::SchemaRef;
+use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::common::{DataFusionError, Result, ScalarValue};
 use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::execution::SendableRecordBatchStream;
@@ -77,9 +78,22 @@ impl SlotRows {
     }
 }
 
+/// Where the time of one build went (the `build_*_time` metrics).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildTimings {
+    /// Reading the input and concatenating it into one batch.
+    pub input: std::time::Duration,
+    /// Evaluating the key and looking up every build row's slot (all cores).
+    pub slots: std::time::Duration,
+    /// Laying out the slot table, strays, residual keys and visited bitmap.
+    pub layout: std::time::Duration,
+}
+
 /// One build side, shared by the probe streams that read it.
 #[derive(Debug)]
 pub struct BuildSide {
+    /// Where the build's time went.
+    pub timings: BuildTimings,
     /// All build rows.
     pub batch: RecordBatch,
     /// Slot → build rows.
@@ -99,42 +113,74 @@ pub struct BuildSide {
 }
 
 impl BuildSide {
-    /// Collects `stream`, computes every build row's slot with `index` and lays out the table.
+    /// Collects the build rows from `inputs`, computes every build row's slot with `index` and
+    /// lays out the table.
     ///
-    /// `key` is the indexed join key on the build side, `residual` the other keys; `track_visits`
-    /// keeps the visited bitmap; `probes` is the number of probe streams that will read it.
+    /// `inputs` are the build side's streams (several when a collected build side is read from
+    /// its own partitions: each is read, and its keys looked up, by a task of its own); rows are
+    /// numbered in input order. `key` is the indexed join key on the build side, `residual` the
+    /// other keys; `track_visits` keeps the visited bitmap; `probes` is the number of probe
+    /// streams that will read it.
     ///
     /// # Errors
     /// Input errors, memory-pool refusals, more than 2^32 − 2 build rows.
     #[allow(clippy::too_many_arguments)]
     pub async fn collect(
-        mut stream: SendableRecordBatchStream,
+        inputs: Vec<SendableRecordBatchStream>,
         schema: SchemaRef,
-        index: &ColumnIndex,
+        index: &Arc<ColumnIndex>,
         key: &PhysicalExprRef,
         residual: &[PhysicalExprRef],
         track_visits: bool,
         probes: usize,
-        mut reservation: MemoryReservation,
+        reservation: MemoryReservation,
     ) -> Result<BuildSide> {
+        let start = std::time::Instant::now();
+        let reservation = Arc::new(reservation);
+        let several = inputs.len() > 1;
+        let tasks: Vec<_> = inputs
+            .into_iter()
+            .map(|stream| {
+                let index = several.then(|| Arc::clone(index));
+                let (key, reservation) = (Arc::clone(key), Arc::clone(&reservation));
+                SpawnedTask::spawn(read_input(stream, index, key, reservation))
+            })
+            .collect();
         let mut batches = Vec::new();
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            reservation.try_grow(batch.get_array_memory_size())?;
-            batches.push(batch);
+        let mut slots = Vec::new();
+        for task in tasks {
+            let (b, s) = task
+                .join_unwind()
+                .await
+                .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            batches.extend(b);
+            slots.extend(s);
         }
-        let batch = concat_batches(&schema, &batches)?;
+        let mut reservation = Arc::try_unwrap(reservation)
+            .map_err(|_| DataFusionError::Internal("MphfJoinExec: build reservation still shared".into()))?;
+        let batch = parallel_concat(&schema, &batches)?;
         drop(batches);
         reservation.try_resize(batch.get_array_memory_size())?;
+        let input_done = std::time::Instant::now();
+        let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
+        // One input: its lookups were left to this step, on all cores.
+        if !several {
+            slots = parallel_slots(index, &keys)?;
+        }
+        let slots_done = std::time::Instant::now();
         let rows = batch.num_rows();
+        if slots.len() != rows {
+            return Err(DataFusionError::Internal(format!(
+                "MphfJoinExec: {} slots for {rows} build rows",
+                slots.len()
+            )));
+        }
         if rows >= NO_ROW as usize {
             return Err(DataFusionError::Execution(format!(
                 "MphfJoinExec: the build side has {rows} rows; at most {} are supported",
                 NO_ROW - 1
             )));
         }
-        let keys = key.evaluate(&batch)?.into_array(rows)?;
-        let slots = parallel_slots(index, &keys)?;
         let n_slots = usize::try_from(index.len())
             .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
         reservation.try_grow(n_slots * 4)?;
@@ -150,7 +196,13 @@ impl BuildSide {
             Vec::new()
         };
         reservation.try_resize(batch.get_array_memory_size() + table.size() + visited.len() * 8)?;
+        let timings = BuildTimings {
+            input: input_done - start,
+            slots: slots_done - input_done,
+            layout: slots_done.elapsed(),
+        };
         Ok(BuildSide {
+            timings,
             batch,
             table,
             strays,
@@ -208,6 +260,51 @@ impl BuildSide {
     pub fn finish_probe(&self) -> bool {
         self.probes_left.fetch_sub(1, Ordering::AcqRel) == 1
     }
+}
+
+/// Reads one build input: its batches, and (with `index`) the slots of their keys.
+async fn read_input(
+    mut stream: SendableRecordBatchStream,
+    index: Option<Arc<ColumnIndex>>,
+    key: PhysicalExprRef,
+    reservation: Arc<MemoryReservation>,
+) -> Result<(Vec<RecordBatch>, Vec<u64>)> {
+    let mut batches = Vec::new();
+    let mut slots = Vec::new();
+    let mut chunk = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        reservation.try_grow(batch.get_array_memory_size())?;
+        if let Some(index) = &index {
+            let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
+            index.lookup_slots(keys.as_ref(), &mut chunk).map_err(to_df)?;
+            slots.extend_from_slice(&chunk);
+        }
+        batches.push(batch);
+    }
+    Ok((batches, slots))
+}
+
+/// `batches` as one batch, its columns concatenated on all cores.
+fn parallel_concat(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    if batches.len() == 1 {
+        return Ok(batches[0].clone());
+    }
+    if schema.fields().is_empty() {
+        return Ok(concat_batches(schema, batches)?);
+    }
+    let columns = (0..schema.fields().len())
+        .into_par_iter()
+        .map(|c| {
+            let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+            if arrays.is_empty() {
+                Ok(::datafusion::arrow::array::new_empty_array(schema.field(c).data_type()))
+            } else {
+                Ok(concat(&arrays)?)
+            }
+        })
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Rows per task of the parallel build (lookups and table fill).

@@ -37,6 +37,7 @@ use ::datafusion::common::{internal_err, DataFusionError, JoinType, Result, Stat
 use ::datafusion::execution::memory_pool::MemoryConsumer;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
 use ::datafusion::physical_plan::joins::utils::build_join_schema;
 use ::datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -118,8 +119,17 @@ impl MphfJoinExec {
         probes: usize,
         context: &Arc<TaskContext>,
     ) -> Result<BoxFuture<'static, Result<Arc<BuildSide>>>> {
-        let stream = self.join.left().execute(partition, Arc::clone(context))?;
-        let schema = self.join.left().schema();
+        let left = self.join.left();
+        // A coalesced build side is read from its own partitions, concurrently.
+        let inputs = match left.downcast_ref::<CoalescePartitionsExec>() {
+            Some(c) if *self.join.partition_mode() == PartitionMode::CollectLeft && c.fetch().is_none() => {
+                (0..c.input().output_partitioning().partition_count())
+                    .map(|i| c.input().execute(i, Arc::clone(context)))
+                    .collect::<Result<Vec<_>>>()?
+            }
+            _ => vec![left.execute(partition, Arc::clone(context))?],
+        };
+        let schema = left.schema();
         let index = Arc::clone(&self.index);
         let key = Arc::clone(&self.join.on()[self.key].0);
         let residual: Vec<_> = self.residual_pairs().map(|(l, _)| Arc::clone(l)).collect();
@@ -130,10 +140,13 @@ impl MphfJoinExec {
         let build_rows = MetricBuilder::new(&self.metrics).counter("build_rows", partition);
         let csr = MetricBuilder::new(&self.metrics).counter("build_csr_layout", partition);
         let strays = MetricBuilder::new(&self.metrics).counter("build_stray_rows", partition);
+        let input_time = MetricBuilder::new(&self.metrics).subset_time("build_input_time", partition);
+        let slots_time = MetricBuilder::new(&self.metrics).subset_time("build_slots_time", partition);
+        let layout_time = MetricBuilder::new(&self.metrics).subset_time("build_layout_time", partition);
         Ok(async move {
             let start = std::time::Instant::now();
             let side = BuildSide::collect(
-                stream,
+                inputs,
                 schema,
                 index.index(),
                 &key,
@@ -144,6 +157,9 @@ impl MphfJoinExec {
             )
             .await?;
             build_time.add_duration(start.elapsed());
+            input_time.add_duration(side.timings.input);
+            slots_time.add_duration(side.timings.slots);
+            layout_time.add_duration(side.timings.layout);
             build_rows.add(side.rows());
             csr.add(matches!(side.table, SlotRows::Multi { .. }) as usize);
             strays.add(side.strays.values().map(Vec::len).sum());

@@ -15,6 +15,9 @@
 //!   coalesced instead) and the node runs as `CollectLeft` over the probe side's own
 //!   partitions. The output is no longer hash partitioned on the key, so the rewritten plan is
 //!   kept only when DataFusion's sanity check accepts it.
+//!   Under a partial aggregate that does not group by a clustered probe key, the collect form
+//!   keeps the probe side's hash repartition, so the aggregate still sees each group in one
+//!   partition (see `rewrite_feeding`).
 //! - **One for one**: otherwise the node keeps the join's mode, children and properties.
 //! - **Swapped**: when only the probe (right) side's key is indexed, the join is mirrored
 //!   (left ↔ right, join type swapped, a projection restores the column order) and run in the
@@ -47,7 +50,9 @@ use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::Partitioning;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
+use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
 use ::datafusion::physical_plan::filter::FilterExec;
 use ::datafusion::physical_plan::joins::utils::{reorder_output_after_swap, swap_join_projection, JoinFilter};
 use ::datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
@@ -56,7 +61,7 @@ use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
 use super::{supports_join_type, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
@@ -82,6 +87,15 @@ struct Costing {
     yield_to_array_map: bool,
     array_map_threshold: usize,
     array_map_density: f64,
+    /// Most probe partitions of a `Partitioned` join rewritten in a collect form (0: any).
+    collect_max_partitions: usize,
+}
+
+impl Costing {
+    /// Whether a `Partitioned` join with `probe_partitions` may run in a collect form.
+    fn collect_allowed(&self, probe_partitions: usize) -> bool {
+        self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions
+    }
 }
 
 /// Whether column `col` of `plan` is the indexed column of a scan of its table, reached only
@@ -214,8 +228,14 @@ fn collected(build: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     }
 }
 
-/// The two candidate forms of `join`, or `None` when the rule declines.
-fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoinExec, Option<MphfJoinExec>)>> {
+/// The two candidate forms of `join`, or `None` when the rule declines. With
+/// `keep_probe_exchange`, the collect form keeps the probe side's hash repartition (its output
+/// stays hash partitioned on the key, see [`rewrite_feeding`]).
+fn candidates(
+    join: &HashJoinExec,
+    costing: &Costing,
+    keep_probe_exchange: bool,
+) -> Result<Option<(MphfJoinExec, Option<MphfJoinExec>)>> {
     let Some((key, handle)) = indexed_key(join) else {
         return Ok(None);
     };
@@ -238,14 +258,16 @@ fn candidates(join: &HashJoinExec, costing: &Costing) -> Result<Option<(MphfJoin
     }
     let one_for_one = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
     // CollectLeft (and Auto) joins are already in their only form.
-    if *join.partition_mode() != PartitionMode::Partitioned {
+    let probe_partitions = join.right().output_partitioning().partition_count();
+    if *join.partition_mode() != PartitionMode::Partitioned || !costing.collect_allowed(probe_partitions) {
         return Ok(Some((one_for_one, None)));
     }
     let left = collected(without_exchange(join.left(), false));
-    let right = spread(
-        without_exchange(join.right(), false),
-        join.right().output_partitioning().partition_count(),
-    )?;
+    let right = if keep_probe_exchange {
+        Arc::clone(join.right())
+    } else {
+        spread(without_exchange(join.right(), false), probe_partitions)?
+    };
     let collected = join
         .builder()
         .with_partition_mode(PartitionMode::CollectLeft)
@@ -292,11 +314,13 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         || join.null_aware
         || join.null_equality() != NullEquality::NullEqualsNothing
         || join.fetch().is_some()
+        || (*join.partition_mode() == PartitionMode::Partitioned
+            && !costing.collect_allowed(join.properties().output_partitioning().partition_count()))
     {
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Some((collect, _)) = candidates(&swapped(join)?, costing)? else {
+    let Some((collect, _)) = candidates(&swapped(join)?, costing, false)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
@@ -314,9 +338,16 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
     )?))
 }
 
-/// Replaces eligible joins bottom-up, preferring the collect form when `collect`.
+/// Replaces eligible joins top-down, preferring the collect form when `collect`.
 fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
+    plan.transform_down(|node| {
+        if collect {
+            if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+                if let Some(input) = rewrite_feeding(agg, agg.input(), costing)? {
+                    return Ok(Transformed::yes(with_child(&node, input)?));
+                }
+            }
+        }
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(Transformed::no(node));
         };
@@ -325,13 +356,85 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
                 return Ok(Transformed::yes(exec));
             }
         }
-        Ok(match candidates(join, costing)? {
+        Ok(match candidates(join, costing, false)? {
             Some((_, Some(c))) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
             Some((one, _)) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
             None => Transformed::no(node),
         })
     })
     .data()
+}
+
+/// `plan`, the input of the partial aggregate `agg`, with the `Partitioned` join it reads
+/// (through projections and filters) in the collect form that keeps the probe side's hash
+/// repartition; `None` to leave it to the plain rewrite.
+///
+/// Why: a `Partitioned` join's output is hash partitioned on the key, so a partial aggregate
+/// above it sees each group in one partition only and reduces its rows well; the plain collect
+/// form reads the probe side in its own partitions, and a partial aggregate grouping by a
+/// build-side column (`GROUP BY c_name` over `orders ⋈ customer`) then sees nearly every group
+/// in every partition (16 cores: 0.45× instead of vanilla's speed). Kept plain when the
+/// aggregate groups by the probe key and that key is clustered in its table (GROUP BY
+/// l_orderkey over lineitem ⋈ orders), whose partitions already hold disjoint key ranges.
+fn rewrite_feeding(
+    agg: &AggregateExec,
+    plan: &Arc<dyn ExecutionPlan>,
+    costing: &Costing,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    // Without group columns (a global aggregate) the distribution does not matter.
+    if *agg.mode() != AggregateMode::Partial || agg.group_expr().expr().is_empty() {
+        return Ok(None);
+    }
+    let passes = plan.downcast_ref::<ProjectionExec>().is_some() || plan.downcast_ref::<FilterExec>().is_some();
+    if let (true, [child]) = (passes, plan.children().as_slice()) {
+        return match rewrite_feeding(agg, child, costing)? {
+            Some(c) => Ok(Some(with_child(plan, c)?)),
+            None => Ok(None),
+        };
+    }
+    let Some(join) = plan.downcast_ref::<HashJoinExec>() else {
+        return Ok(None);
+    };
+    if *join.partition_mode() != PartitionMode::Partitioned || groups_by_clustered_probe_key(agg, join, costing) {
+        return Ok(None);
+    }
+    Ok(match candidates(join, costing, true)? {
+        Some((_, Some(c))) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
+        _ => None,
+    })
+}
+
+/// `plan` over the single new child `child`, its properties recomputed.
+fn with_child(plan: &Arc<dyn ExecutionPlan>, child: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    Arc::clone(plan).replace_children(
+        vec![child],
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+    )
+}
+
+/// Whether `agg` groups by (a column named like) one of `join`'s probe keys that is an indexed
+/// column clustered in its table.
+fn groups_by_clustered_probe_key(agg: &AggregateExec, join: &HashJoinExec, costing: &Costing) -> bool {
+    let input = agg.input_schema();
+    let group_names: Vec<&str> = agg
+        .group_expr()
+        .expr()
+        .iter()
+        .filter_map(|(e, _)| e.downcast_ref::<Column>())
+        .filter_map(|c| input.fields().get(c.index()).map(|f| f.name().as_str()))
+        .collect();
+    (0..join.on().len()).any(|k| {
+        let right = join.right().schema();
+        let Some(field) = join.on()[k]
+            .1
+            .downcast_ref::<Column>()
+            .and_then(|c| right.fields().get(c.index()).cloned())
+        else {
+            return false;
+        };
+        group_names.contains(&field.name().as_str())
+            && probe_rows_per_run(join, k) >= costing.min_probe_rows_per_run.max(2.0)
+    })
 }
 
 impl PhysicalOptimizerRule for MphfJoinRule {
@@ -346,6 +449,7 @@ impl PhysicalOptimizerRule for MphfJoinRule {
             min_slots: cfg.join_min_slots,
             min_probe_rows_per_run: cfg.join_min_probe_rows_per_run,
             yield_to_array_map: cfg.join_yield_to_array_map,
+            collect_max_partitions: cfg.join_collect_max_partitions,
             array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
             array_map_density: config.execution.perfect_hash_join_min_key_density,
         };
