@@ -233,11 +233,30 @@ async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
     Ok(if paths.is_empty() { "-".into() } else { paths.join(",") })
 }
 
+/// Scale factor from which the binary's allocator returns freed memory at once.
+const LARGE_SCALE: f64 = 5.0;
+
+/// Makes mimalloc (the `mphf` binary's allocator) return freed memory to the OS at once instead
+/// of after 10 ms. Measured on the 24 GiB machine: SF 10 in memory ran out of memory with the
+/// delay and not without it, while at SF 1 the delay keeps GROUP BY l_orderkey at 100–110 ms
+/// instead of 170–190 ms (benches/RESULTS.md, session 4).
+fn purge_freed_memory_at_once() {
+    // mimalloc's `mi_option_purge_delay` (15) is the option just before `mi_option_use_numa_nodes`
+    // in mimalloc.h's `mi_option_e`, in its v2 and v3 headers; the -sys crate does not name it.
+    let purge_delay = libmimalloc_sys::mi_option_use_numa_nodes - 1;
+    // SAFETY: `mi_option_set` stores an integer option; allocations do not depend on its old
+    // value, and it is harmless when mimalloc is not the global allocator.
+    unsafe { libmimalloc_sys::mi_option_set(purge_delay, 0) };
+}
+
 /// Runs `mphf demo` / `mphf bench groupby` / `mphf bench join`.
 ///
 /// # Errors
 /// Generation, index and query errors; a result mismatch between MPHF and vanilla.
 pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
+    if args.scale >= LARGE_SCALE {
+        purge_freed_memory_at_once();
+    }
     let parts = args
         .partitions
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -24,7 +24,7 @@ extensions_options! {
         /// Costing: the most slot-array entries (input partitions × slots) per input row, when
         /// the input's row count is estimated; beyond it, emitting the partials costs more than
         /// the rows save.
-        pub aggregate_max_slot_entries_per_row: f64, default = 1.0
+        pub aggregate_max_slot_entries_per_row: f64, default = 4.0
         /// A GROUP BY of several columns runs on the slots of an indexed one only when the
         /// others are proven to depend on it (same row of a unique key, inner equi-joins on
         /// unique keys). false: whenever one is indexed; rows whose other columns disagree
