@@ -45,7 +45,7 @@ use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::filter::FilterExec;
-use ::datafusion::physical_plan::joins::utils::build_join_schema;
+use ::datafusion::physical_plan::joins::utils::{build_join_schema, JoinOnRef};
 use ::datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use ::datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use ::datafusion::physical_plan::projection::ProjectionExec;
@@ -125,7 +125,7 @@ fn join_lineage(
     left: &Arc<dyn ExecutionPlan>,
     right: &Arc<dyn ExecutionPlan>,
     join_type: JoinType,
-    on: &[(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)],
+    on: JoinOnRef,
     projection: Option<&[usize]>,
 ) -> Lineage {
     let l = lineage(left);
@@ -250,11 +250,7 @@ fn datafusion_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
 
 /// The estimate of an inner equi-join on a unique indexed key of one side (see the module
 /// docs), or `None` when neither side's key is one.
-fn key_join_rows(
-    left: &Arc<dyn ExecutionPlan>,
-    right: &Arc<dyn ExecutionPlan>,
-    on: &[(Arc<dyn PhysicalExpr>, Arc<dyn PhysicalExpr>)],
-) -> Option<f64> {
+fn key_join_rows(left: &Arc<dyn ExecutionPlan>, right: &Arc<dyn ExecutionPlan>, on: JoinOnRef) -> Option<f64> {
     let (l, r) = (lineage(left), lineage(right));
     on.iter().find_map(|(a, b)| {
         let (unique, other, slots) = if let Some(&slots) = l.origin_of(a).and_then(|o| l.unique.get(&o)) {

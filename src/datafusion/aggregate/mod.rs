@@ -227,9 +227,7 @@ impl ExecutionPlan for MphfAggregateExec {
         let reservation =
             MemoryConsumer::new(format!("MphfAggregateExec[{partition}]")).register(context.memory_pool());
         let stream = MphfAggregateStream::try_new(
-            &self.agg,
-            Arc::clone(&self.index),
-            self.key_pos,
+            self,
             input,
             context.session_config().batch_size(),
             reservation,

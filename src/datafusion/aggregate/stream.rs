@@ -20,13 +20,13 @@ use ::datafusion::arrow::datatypes::SchemaRef;
 use ::datafusion::common::Result;
 use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
-use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use ::datafusion::physical_plan::aggregates::AggregateMode;
 use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use ::datafusion::physical_plan::ExecutionPlan;
 use futures::{Stream, StreamExt};
 
 use super::groups::{SlotGroups, SlotMetrics};
-use crate::datafusion::registry::IndexHandle;
+use super::MphfAggregateExec;
 
 /// Stream state (see the module diagram).
 enum State {
@@ -52,20 +52,27 @@ pub(super) struct MphfAggregateStream {
 }
 
 impl MphfAggregateStream {
+    /// The stream of `exec`'s partition `partition` over `input`.
     pub(super) fn try_new(
-        agg: &AggregateExec,
-        index: Arc<IndexHandle>,
-        key_pos: usize,
+        exec: &MphfAggregateExec,
         input: SendableRecordBatchStream,
         batch_size: usize,
         reservation: MemoryReservation,
         metrics: &ExecutionPlanMetricsSet,
         partition: usize,
     ) -> Result<Self> {
-        let schema = ExecutionPlan::schema(agg);
+        let agg = exec.aggregate();
+        let schema = ExecutionPlan::schema(agg.as_ref());
+        let groups = SlotGroups::try_new(
+            agg,
+            exec.key_pos(),
+            &schema,
+            Arc::clone(exec.index()),
+            SlotMetrics::new(metrics, partition),
+        )?;
         Ok(Self {
             input,
-            groups: SlotGroups::try_new(agg, key_pos, &schema, index, SlotMetrics::new(metrics, partition))?,
+            groups,
             schema,
             final_output: !matches!(agg.mode(), AggregateMode::Partial),
             batch_size: batch_size.max(1),
