@@ -66,6 +66,12 @@ const QUERIES: &[(&str, bool)] = &[
     ("SELECT k, count(*) FROM t WHERE v < 0 GROUP BY k", true),
     ("SELECT k FROM t GROUP BY k", true),
     ("SELECT k + 1, count(*) FROM t GROUP BY k + 1", false),
+    // The slots themselves as the key: group indices without a lookup.
+    (
+        "SELECT mphf_index(k) AS s, count(*), sum(v) FROM t GROUP BY mphf_index(k)",
+        true,
+    ),
+    ("SELECT count(DISTINCT mphf_index(k)), max(mphf_index(k)) FROM t", true),
     ("SELECT k, s, count(*) FROM t GROUP BY k, s", false),
 ];
 

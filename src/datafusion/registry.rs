@@ -29,6 +29,10 @@ use crate::core::column::ColumnIndex;
 /// Field metadata key that marks a column as MPHF-indexed; the value is the index id.
 pub const INDEX_METADATA_KEY: &str = "mphf.index";
 
+/// Field-metadata key of `mphf_index(...)`'s output: the id of the index whose slots the column
+/// holds (so a GROUP BY on it can use the slots as group indices without a lookup).
+pub const SLOT_METADATA_KEY: &str = "mphf.slot_of";
+
 /// Where the index of a handle came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IndexSource {
@@ -149,6 +153,15 @@ pub fn index_id_of_field(field: &Field) -> Option<u64> {
 /// The live index a field advertises, if any: the entry point for optimizer rules.
 pub fn index_of_field(field: &Field) -> Option<Arc<IndexHandle>> {
     index_id_of_field(field).and_then(resolve_index)
+}
+
+/// The live index whose slots a field holds (the output of `mphf_index`), if any.
+pub fn slot_index_of_field(field: &Field) -> Option<Arc<IndexHandle>> {
+    field
+        .metadata()
+        .get(SLOT_METADATA_KEY)
+        .and_then(|v| v.parse().ok())
+        .and_then(resolve_index)
 }
 
 /// The session's named indexes.

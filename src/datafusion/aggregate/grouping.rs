@@ -26,6 +26,8 @@ use ::datafusion::common::{internal_err, Result};
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
+use crate::datafusion::registry::SLOT_METADATA_KEY;
+
 /// Variable-length byte strings stored end to end (one per group).
 #[derive(Default)]
 pub(super) struct ByteRows {
@@ -64,6 +66,8 @@ pub(super) struct Grouping {
     pub key_pos: usize,
     /// The indexed key.
     pub key_expr: Arc<dyn PhysicalExpr>,
+    /// The key already holds slots (`mphf_index(col)`, see [`SLOT_METADATA_KEY`]): no lookup.
+    pub key_is_slot: bool,
     /// The other group expressions, in order.
     pub deps: Vec<Arc<dyn PhysicalExpr>>,
     /// Row format of the dependents (`None` for a one-column GROUP BY).
@@ -87,6 +91,10 @@ impl Grouping {
         }
         let input = agg.input_schema();
         let key_expr = Arc::clone(&exprs[key_pos].0);
+        let key_is_slot = key_expr
+            .return_field(&input)?
+            .metadata()
+            .contains_key(SLOT_METADATA_KEY);
         let deps: Vec<Arc<dyn PhysicalExpr>> = exprs
             .iter()
             .enumerate()
@@ -102,6 +110,7 @@ impl Grouping {
         Ok(Self {
             key_pos,
             key_expr,
+            key_is_slot,
             dep_converter: if deps.is_empty() {
                 None
             } else {

@@ -6,15 +6,17 @@
 //! slots this partition touches, not with the index (16 partitions over a clustered key each
 //! touch a sixteenth). A key that is NULL or absent from the index gets a group through a
 //! row-format hash map (every distinct key value forms exactly one group, so results equal
-//! vanilla DataFusion's even for a stale index). Emission orders the groups by slot, fallback
-//! groups last.
+//! vanilla DataFusion's even for a stale index). With dependent group columns (see
+//! [`grouping`](super::grouping)), a row whose dependent values differ from its slot's first row
+//! gets a *mismatch* group keyed by (slot, values). Emission orders the groups by slot, mismatch
+//! and fallback groups last; the `fallback_rows` metric counts the rows of both.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
-use ::datafusion::arrow::compute::take;
-use ::datafusion::arrow::datatypes::{Schema, SchemaRef};
+use ::datafusion::arrow::compute::{cast, take};
+use ::datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -230,10 +232,14 @@ impl SlotGroups {
             let lookup_time = self.metrics.lookup_time.clone();
             let _timer = lookup_time.timer();
             let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
-            self.index
-                .index()
-                .lookup_slots(key.as_ref(), &mut self.slots)
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            if self.grouping.key_is_slot {
+                slots_of_slot_column(&key, self.n_slots, &mut self.slots)?;
+            } else {
+                self.index
+                    .index()
+                    .lookup_slots(key.as_ref(), &mut self.slots)
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            }
             if self.slots.len() != rows {
                 return Err(DataFusionError::Internal(format!(
                     "MPHF lookup returned {} slots for {rows} rows",
@@ -268,6 +274,7 @@ impl SlotGroups {
                         groups.push(g as usize);
                     } else {
                         groups.push(self.mismatch_group(s, dep));
+                        self.metrics.fallback_rows.add(1);
                     }
                 } else {
                     let converted = match &full_rows {
@@ -321,7 +328,6 @@ impl SlotGroups {
         }
         let g = self.new_group(Origin::Mismatch(slot), dep);
         self.mismatch.insert(key.into_boxed_slice(), g);
-        self.metrics.fallback_rows.add(1);
         g
     }
 
@@ -350,7 +356,7 @@ impl SlotGroups {
     /// their stored rows), in group-expression order.
     fn member_columns(&self, order: &[u32]) -> Result<Vec<ArrayRef>> {
         let slots = UInt64Array::from_iter_values(order.iter().map(|&g| self.slot_of(g) as u64));
-        let key = take(self.index.index().keys().as_ref(), &slots, None)?;
+        let key = member_keys(&self.grouping, &self.index, slots)?;
         let deps = self
             .grouping
             .decode_deps(order.iter().map(|&g| self.deps.get(g as usize)))?;
@@ -431,4 +437,29 @@ impl SlotGroups {
             _reservation: None,
         })
     }
+}
+
+/// The key column of member groups with slots `slots`: the index's keys, or the slots
+/// themselves when the key column holds slots.
+pub(super) fn member_keys(grouping: &Grouping, index: &IndexHandle, slots: UInt64Array) -> Result<ArrayRef> {
+    if grouping.key_is_slot {
+        Ok(Arc::new(slots))
+    } else {
+        Ok(take(index.index().keys().as_ref(), &slots, None)?)
+    }
+}
+
+/// The slots of a column that already holds them (`mphf_index`'s output): NULLs, and values
+/// outside `0..n_slots` (never produced by the index), become `ABSENT` (fallback groups).
+fn slots_of_slot_column(key: &ArrayRef, n_slots: usize, out: &mut Vec<u64>) -> Result<()> {
+    let key = cast(key.as_ref(), &DataType::UInt64)?;
+    let Some(values) = key.as_any().downcast_ref::<UInt64Array>() else {
+        return Err(DataFusionError::Internal("mphf_index slots are not integers".into()));
+    };
+    out.clear();
+    out.extend(values.iter().map(|v| match v {
+        Some(s) if (s as usize) < n_slots => s,
+        _ => ABSENT,
+    }));
+    Ok(())
 }

@@ -44,7 +44,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::grouping::{ByteRows, Grouping};
-use super::groups::{groups_accumulator, PartialSlots, SlotGroups, SlotMetrics};
+use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, SlotMetrics};
 use crate::datafusion::registry::IndexHandle;
 
 type PartialsResult = std::result::Result<Arc<Vec<PartialSlots>>, Arc<DataFusionError>>;
@@ -332,11 +332,7 @@ fn merge_range(
             .filter(|(_, o)| matches!(o, OtherGroup::Fallback))
             .map(|(k, _)| (n_range + k) as u32),
     );
-    let key = take(
-        exec.index.index().keys().as_ref(),
-        &UInt64Array::from(member_slots),
-        None,
-    )?;
+    let key = member_keys(&grouping, &exec.index, UInt64Array::from(member_slots))?;
     let mut parts = vec![grouping.assemble(key, grouping.decode_deps(member_deps.into_iter())?)?];
     if !fallback_keys.is_empty() {
         let (key, deps) = grouping.decode_full(fallback_keys.into_iter())?;

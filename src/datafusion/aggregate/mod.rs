@@ -1,9 +1,9 @@
 //! `MphfAggregateExec`: hash-free GROUP BY on an MPHF-indexed key, and the rule that installs it.
 //!
 //! # What
-//! The operator replaces one `AggregateExec` whose single grouping set is one column that
-//! carries an MPHF index (field metadata, see [`registry`](super::registry)). The group index of a
-//! row is the slot of its key (`ColumnIndex::lookup_slots`), so no hash table is probed or grown;
+//! The operator replaces one `AggregateExec` whose single grouping set is a column that carries
+//! an MPHF index (field metadata, see [`registry`](super::registry)), possibly with columns that
+//! depend on it. The group index of a row is the slot of its key (`ColumnIndex::lookup_slots`), so no hash table is probed or grown;
 //! the accumulators are DataFusion's own `GroupsAccumulator`s (or `GroupsAccumulatorAdapter`
 //! for aggregates without one), sized once to the slot count, emitted with `EmitTo::All`.
 //!
@@ -20,8 +20,11 @@
 //! - mode `Partial`, `Single` or `SinglePartitioned` for the per-partition form; a `Final` /
 //!   `FinalPartitioned` node directly over a repartition or coalesce of such a `Partial` for
 //!   the SlotMerge form;
-//! - exactly one grouping set with one group expression, a `Column` whose input field names a
-//!   live index whose key type equals the column type;
+//! - exactly one grouping set; one of its group expressions is a `Column` whose input field
+//!   names a live index whose key type equals the column type, and every other group
+//!   expression depends on it (same row of a unique indexed key, or through inner joins on
+//!   unique indexed keys: see [`lineage`]); the dependent values are still compared per row
+//!   (see [`grouping`]);
 //! - no aggregate `FILTER`, no ordered aggregates (`ORDER BY` inside the call), no TopK limit,
 //!   no output ordering promised by the replaced node;
 //! - costing (see [`MphfAggregateRule`]'s module): enough slots, a clustered key, and slot
@@ -67,7 +70,8 @@ use super::registry::IndexHandle;
 
 /// Counter of distinct slots that received at least one row (summed over partitions).
 pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
-/// Counter of rows whose key was NULL or not in the index (hash fallback).
+/// Counter of rows grouped through a hash map: key NULL or not in the index, or dependent group
+/// columns differing from their slot's first row.
 pub const FALLBACK_ROWS_METRIC_NAME: &str = "fallback_rows";
 
 /// `agg` over the single new child in `children` (both forms keep the replaced aggregate

@@ -35,6 +35,7 @@
 
 use std::sync::Arc;
 
+use ::datafusion::arrow::datatypes::DataType;
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::Result;
@@ -50,7 +51,7 @@ use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use super::lineage::{depends_on_key, estimated_rows};
 use super::{MphfAggregateExec, MphfMergedAggregateExec};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::registry::{index_of_field, IndexHandle};
+use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 
 /// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
 /// hash aggregation.
@@ -103,7 +104,7 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     if agg.limit_options().is_some() || agg.properties().output_ordering().is_some() {
         return Ok(None);
     }
-    let Some((key_pos, handle)) = indexed_key(agg, costing.require_dependence) else {
+    let Some((key_pos, handle, key_is_slot)) = indexed_key(agg, costing.require_dependence) else {
         return Ok(None);
     };
     let index = handle.index();
@@ -111,8 +112,11 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     if slots < costing.min_slots {
         return Ok(None);
     }
-    // With a dense-key table a lookup is one array read, clustered or not.
-    if index.dense_lookup_bytes() == 0 && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
+    // With a dense-key table a lookup is one array read, clustered or not; slots need none.
+    if !key_is_slot
+        && index.dense_lookup_bytes() == 0
+        && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run
+    {
         return Ok(None);
     }
     if let Some(rows) = estimated_rows(agg.input()) {
@@ -124,12 +128,19 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     Ok(Some(MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos)))
 }
 
-/// The group expression to group by (its position and index): a column with a live index of
-/// its exact type on which every other group expression depends (see [`lineage`](super::lineage)), or, without
-/// `require_dependence`, the first indexed column.
-fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, Arc<IndexHandle>)> {
+/// The group expression to group by (its position and index, and whether it holds slots): a
+/// column with a live index of its exact type on which every other group expression depends
+/// (see [`lineage`](super::lineage)), or, without `require_dependence`, the first indexed
+/// column; or a lone `mphf_index(...)` expression, whose values are the slots.
+fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, Arc<IndexHandle>, bool)> {
     let exprs = agg.group_expr().expr();
     let input_schema = agg.input_schema();
+    if let [(expr, _)] = exprs {
+        let field = expr.return_field(&input_schema).ok()?;
+        if let Some(handle) = slot_index_of_field(&field) {
+            return matches!(field.data_type(), DataType::UInt32 | DataType::UInt64).then_some((0, handle, true));
+        }
+    }
     exprs.iter().enumerate().find_map(|(pos, (expr, _))| {
         let col = expr.downcast_ref::<Column>()?;
         let field = input_schema.fields().get(col.index())?;
@@ -145,7 +156,7 @@ fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, 
             .map(|(_, (e, _))| e)
             .collect();
         (others.is_empty() || !require_dependence || depends_on_key(agg.input(), col.index(), &others))
-            .then_some((pos, handle))
+            .then_some((pos, handle, false))
     })
 }
 

@@ -15,8 +15,11 @@
 //! stale) go to [`BuildSide::strays`], looked up by value; NULL keys never match
 //! (`NullEquality::NullEqualsNothing`, the only mode the rule accepts).
 //!
-//! The build side's lookups and the unique table's fill run on all cores (rayon): the build
-//! side is one batch, and in the collect form one build feeds every probe partition.
+//! The build runs on all cores, since in the collect form one build feeds every probe partition
+//! and the probes wait for it: a coalesced build side is read from its own partitions by one
+//! task each, which also looks up its rows' slots; the columns are concatenated (one batch)
+//! column by column in parallel, and the unique table is filled with rayon. (On the 16-core host
+//! this took the SF 1 `lineitem ⋈ orders` build from 37 ms to 13–16 ms.)
 //!
 //! # Invariants
 //! - Every build row with a non-NULL key is reachable from exactly one place: its key's slot,

@@ -43,7 +43,9 @@ use ::datafusion::logical_expr::{
 };
 
 use crate::datafusion::error::to_df;
-use crate::datafusion::registry::{index_id_of_field, resolve_index, IndexHandle, MphfRegistry, INDEX_METADATA_KEY};
+use crate::datafusion::registry::{
+    index_id_of_field, resolve_index, IndexHandle, MphfRegistry, INDEX_METADATA_KEY, SLOT_METADATA_KEY,
+};
 
 /// SQL name of the function.
 pub const MPHF_INDEX_NAME: &str = "mphf_index";
@@ -180,7 +182,10 @@ impl ScalarUDFImpl for MphfIndexFunc {
             }
             _ => return plan_err!("mphf_index takes (column) or ('index_name', expr)"),
         };
-        Ok(Arc::new(Field::new(MPHF_INDEX_NAME, handle.index().slot_type(), true)))
+        let slot_of = std::collections::HashMap::from([(SLOT_METADATA_KEY.to_string(), handle.id().to_string())]);
+        Ok(Arc::new(
+            Field::new(MPHF_INDEX_NAME, handle.index().slot_type(), true).with_metadata(slot_of),
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
