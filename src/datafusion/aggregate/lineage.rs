@@ -43,18 +43,14 @@ use ::datafusion::common::JoinType;
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::PhysicalExpr;
-use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::filter::FilterExec;
 use ::datafusion::physical_plan::joins::utils::{build_join_schema, JoinOnRef};
 use ::datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
-use ::datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use ::datafusion::physical_plan::projection::ProjectionExec;
-use ::datafusion::physical_plan::repartition::RepartitionExec;
-use ::datafusion::physical_plan::sorts::sort::SortExec;
-use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 
+use crate::datafusion::join::rule::passes_rows;
 use crate::datafusion::join::MphfJoinExec;
 use crate::datafusion::registry::index_of_field;
 use crate::datafusion::table::MphfRelabelExec;
@@ -178,14 +174,8 @@ fn lineage(plan: &Arc<dyn ExecutionPlan>) -> Lineage {
     if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
         return join_lineage(j.left(), j.right(), j.join_type(), j.on(), None);
     }
-    let passes_rows = plan.downcast_ref::<RepartitionExec>().is_some()
-        || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
-        || plan.downcast_ref::<SortExec>().is_some()
-        || plan.downcast_ref::<SortPreservingMergeExec>().is_some()
-        || plan.downcast_ref::<GlobalLimitExec>().is_some()
-        || plan.downcast_ref::<LocalLimitExec>().is_some();
     match plan.children().as_slice() {
-        [child] if passes_rows => lineage(child),
+        [child] if passes_rows(plan) => lineage(child),
         _ => Lineage {
             columns: vec![None; plan.schema().fields().len()],
             ..Lineage::default()

@@ -124,16 +124,22 @@ fn comes_from_table_scan(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
             .and_then(|e| e.expr.downcast_ref::<Column>())
             .is_some_and(|c| comes_from_table_scan(p.input(), c.index()));
     }
-    let passes_rows = plan.downcast_ref::<RepartitionExec>().is_some()
+    match plan.children().as_slice() {
+        [child] if passes_rows(plan) => comes_from_table_scan(child, col),
+        _ => false,
+    }
+}
+
+/// Whether `plan` hands its child's rows on unchanged in content and columns (exchanges, sorts,
+/// limits): a column of its output is the same column of its child's. Shared with the
+/// aggregate rule's lineage.
+pub(crate) fn passes_rows(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<RepartitionExec>().is_some()
         || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
         || plan.downcast_ref::<SortExec>().is_some()
         || plan.downcast_ref::<SortPreservingMergeExec>().is_some()
         || plan.downcast_ref::<GlobalLimitExec>().is_some()
-        || plan.downcast_ref::<LocalLimitExec>().is_some();
-    match plan.children().as_slice() {
-        [child] if passes_rows => comes_from_table_scan(child, col),
-        _ => false,
-    }
+        || plan.downcast_ref::<LocalLimitExec>().is_some()
 }
 
 /// The indexed key pair of `join` and its index, when the join is eligible.
