@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms
+PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms | gpu | gpu10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -20,6 +20,53 @@ if [ "$PART" = sf1 ]; then
   timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1_p16.md" 2>&1
   log "bench groupby SF 10, 16 partitions (dependent columns)"
   timeout 150 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "order columns" > "$OUT/groupby_sf10_p16_dep.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = gpuprobe ]; then
+  # Where the GPU placement's time goes (EXPLAIN ANALYZE metrics gpu_*_time), SF 1.
+  T=/tmp/gpuprobe; mkdir -p $T
+  timeout 120 "$BIN" bench slots --scale 1 --runs 7 > $T/slots_sf1.md 2>&1
+  for dev in cpu gpu; do
+    timeout 120 "$BIN" bench groupby --scale 1 --runs 3 --markdown --explain --only "GROUP BY l_orderkey" --only "l_suppkey" \
+      --set mphf.aggregate_device=$dev > $T/gb_sf1_$dev.md 2>&1
+  done
+  for dev in cpu gpu; do
+    timeout 100 "$BIN" bench groupby --scale 1 --runs 5 --markdown --only "mphf_index" \
+      --set mphf.lookup_device=$dev > $T/udf_sf1_$dev.md 2>&1
+  done
+  for f in $T/*; do echo "=== $f"; cat $f; done > "$OUT/gpuprobe.md"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = gpu ]; then
+  # Issue 7: the GROUP BY operator on the GPU vs our CPU operator vs vanilla DataFusion (16
+  # cores), SF 0.1 to 1 (the crossover of mphf.aggregate_gpu_min_rows). Every bench compares
+  # its rows with vanilla's.
+  T=/tmp/gpuparts; mkdir -p $T
+  for sf in 0.1 0.3 1; do
+    for dev in cpu gpu; do
+      log "bench groupby SF $sf, aggregate_device=$dev"
+      timeout 150 "$BIN" bench groupby --scale $sf --runs 5 --markdown --only "GROUP BY l" --only "GROUP BY o" \
+        --set mphf.aggregate_device=$dev > $T/gb_sf${sf}_$dev.md 2>&1
+    done
+  done
+  log "bench groupby SF 1, aggregate_device=auto"
+  timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown --only "GROUP BY l" --only "GROUP BY o" \
+    > $T/gb_sf1_auto.md 2>&1
+  for f in $T/*; do echo "=== $f"; cat $f; done > "$OUT/gpu.md"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = gpu10 ]; then
+  for dev in cpu gpu; do
+    log "bench groupby SF 10, aggregate_device=$dev"
+    timeout 280 "$BIN" bench groupby --scale 10 --runs 3 --markdown --explain --only "GROUP BY l" --only "GROUP BY o" \
+      --set mphf.aggregate_device=$dev > "$OUT/gb_sf10_$dev.md" 2>&1
+  done
   log "done"
   exit 0
 fi

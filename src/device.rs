@@ -62,3 +62,18 @@ pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<d
         }
     }
 }
+
+/// Whether a GPU is usable by this process (creates the shared CUDA context on first call).
+///
+/// # Errors
+/// Why not: built without the `cuda` feature, no driver library, no device, context failure.
+pub fn gpu_usable() -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::gpu::GpuContext::get().map(|_| ())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err("built without the `cuda` feature".to_string())
+    }
+}

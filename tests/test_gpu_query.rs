@@ -169,3 +169,59 @@ fn gpu_group_by_equals_cpu() {
         }
     }
 }
+
+/// Decimal columns aggregate exactly as unscaled i64 (sum, min, max; NULLs skipped), and a
+/// column whose values could overflow a 64-bit sum is refused with a clear error (the SQL
+/// operator then stays on the CPU). On a GPU, the device agrees with the CPU reference.
+#[test]
+fn decimal_columns_are_exact_or_refused() {
+    use arrow::array::Decimal128Array;
+    use datafusion_mphf::gpu::groupby::Values;
+    let values: Vec<Option<i128>> = (0..1000i128)
+        .map(|i| (i % 7 != 0).then_some((i * 1_000_003) % 99_991 - 50_000))
+        .collect();
+    let slots: Vec<u32> = (0..1000u32).map(|i| i % 10).collect();
+    let col: ArrayRef = Arc::new(
+        Decimal128Array::from(values.clone())
+            .with_precision_and_scale(15, 2)
+            .unwrap(),
+    );
+    let ops = [AggOp::Sum, AggOp::Min, AggOp::Max];
+    let r = aggregate_cpu(&slots, 10, false, &[(col.as_ref(), &ops)]).unwrap();
+    let c = &r.columns[0];
+    for g in 0..10usize {
+        let group: Vec<i128> = (0..1000).filter(|&i| i % 10 == g).filter_map(|i| values[i]).collect();
+        assert_eq!(c.non_null[g], group.len() as u64);
+        let expect = |v: i128| v as i64;
+        match (&c.sum, &c.min, &c.max) {
+            (Some(Values::I64(s)), Some(Values::I64(lo)), Some(Values::I64(hi))) => {
+                assert_eq!(s[g], expect(group.iter().sum()));
+                assert_eq!(lo[g], expect(*group.iter().min().unwrap()));
+                assert_eq!(hi[g], expect(*group.iter().max().unwrap()));
+            }
+            other => panic!("integer results expected, got {other:?}"),
+        }
+    }
+    if let Some(ctx) = gpu() {
+        let gb = GpuGroupBy::with_context(ctx.clone(), 10).unwrap();
+        let d = ctx.stream().clone_htod(&slots).unwrap();
+        let on_gpu = gb
+            .aggregate(
+                &d,
+                slots.len(),
+                false,
+                &[(col.as_ref(), &ops)],
+                GroupByOptions::default(),
+            )
+            .unwrap();
+        assert_eq!(on_gpu.columns, r.columns);
+    }
+    // |values| summing to 2^63 or more: refused, not wrapped.
+    let big: ArrayRef = Arc::new(
+        Decimal128Array::from(vec![Some(i64::MAX as i128), Some(1), None])
+            .with_precision_and_scale(38, 0)
+            .unwrap(),
+    );
+    let err = aggregate_cpu(&[0, 0, 0], 1, false, &[(big.as_ref(), &[AggOp::Sum][..])]).unwrap_err();
+    assert_eq!(err, "decimal values too large for exact 64-bit sums on the GPU");
+}

@@ -23,7 +23,10 @@ async fn setup(partitions: usize) -> MphfContext {
            CASE WHEN value % 97 = 0 THEN NULL ELSE value % 6000 END AS k, \
            value AS v, \
            CAST(value % 13 AS DOUBLE) AS d, \
-           'str' || CAST(value % 7 AS VARCHAR) AS s \
+           'str' || CAST(value % 7 AS VARCHAR) AS s, \
+           CAST((value % 1000) * 0.25 AS DECIMAL(15, 2)) AS m, \
+           CAST(value - 10000 AS INT) AS i, \
+           CASE WHEN value % 11 = 0 THEN NULL ELSE CAST(value % 50 AS DOUBLE) * 0.5 END AS nd \
          FROM generate_series(1, 20000)",
     )
     .await
@@ -316,4 +319,113 @@ async fn tpch_multi_column_group_bys_run_on_slots() {
             "{name}: no multi-column MphfAggregateExec on {index}:\n{plan}"
         );
     }
+}
+
+/// Aggregates the GPU placement supports (integer, float with NULLs, decimal, Int32 columns).
+const GPU_QUERIES: &[&str] = &[
+    "SELECT k, count(*) FROM t GROUP BY k",
+    "SELECT k, count(*), sum(v), min(v), max(v), avg(v) FROM t GROUP BY k",
+    "SELECT k, count(nd), sum(nd), min(nd), max(nd), avg(nd), sum(d) FROM t GROUP BY k",
+    "SELECT k, sum(m), min(m), max(m), avg(m) FROM t GROUP BY k",
+    "SELECT k, min(i), max(i), sum(i) FROM t WHERE v % 3 = 0 GROUP BY k",
+    "SELECT k, sum(v) AS sv FROM t GROUP BY k ORDER BY sv DESC, k LIMIT 7",
+];
+
+/// The operator line of `plan`.
+fn operator_line(plan: &str) -> &str {
+    plan.lines()
+        .find(|l| l.contains("MphfAggregateExec"))
+        .unwrap_or_else(|| panic!("no MphfAggregateExec in\n{plan}"))
+}
+
+/// `SET mphf.aggregate_device = 'gpu'` places supported aggregations on the GPU (`device=gpu`
+/// in EXPLAIN) and their results equal vanilla DataFusion's: on a GPU, or (CI) through the CPU
+/// fallback, and with `mphf.gpu_emulation` (the placement's whole-input lookup, aggregation and
+/// state merging, with the CPU reference of the kernels). Unsupported aggregates stay
+/// `device=cpu`. Float columns hold multiples of 0.5, whose sums are exact in any order, so the
+/// comparison is exact on a GPU too.
+#[tokio::test]
+async fn gpu_placement_equals_vanilla() {
+    for (partitions, emulation) in [(1, false), (2, false), (16, false), (1, true), (2, true), (16, true)] {
+        let ctx = setup(partitions).await;
+        ctx.sql("SET mphf.aggregate_device = 'gpu'").await.unwrap();
+        ctx.sql(&format!("SET mphf.gpu_emulation = {emulation}")).await.unwrap();
+        for sql in GPU_QUERIES {
+            assert!(compare(&ctx, sql).await, "{sql}");
+            let (_, plan) = run(&ctx, sql).await;
+            assert!(operator_line(&plan).contains("device=gpu"), "{sql}:\n{plan}");
+        }
+        for sql in [
+            "SELECT k, count(DISTINCT s) FROM t GROUP BY k",
+            "SELECT k, max(s) FROM t GROUP BY k",
+            "SELECT mphf_index(k) AS s, count(*) FROM t GROUP BY mphf_index(k)",
+        ] {
+            assert!(compare(&ctx, sql).await, "{sql}");
+            let (_, plan) = run(&ctx, sql).await;
+            assert!(operator_line(&plan).contains("device=cpu"), "{sql}:\n{plan}");
+        }
+        // The placement really ran (emulated) or fell back (no GPU here): the gpu_rows metric.
+        let gpu_rows = metric_sum(&ctx, GPU_QUERIES[1], "gpu_rows").await;
+        if emulation {
+            // Every non-NULL key (the 20,000 rows minus the 206 multiples of 97).
+            assert_eq!(gpu_rows, 20_000 - 20_000 / 97);
+        } else if datafusion_mphf::device::gpu_usable().is_err() {
+            assert_eq!(gpu_rows, 0);
+        }
+        // `auto` keeps small inputs on the CPU.
+        ctx.sql("SET mphf.aggregate_device = 'auto'").await.unwrap();
+        let (_, plan) = run(&ctx, GPU_QUERIES[1]).await;
+        assert!(operator_line(&plan).contains("device=cpu"), "{plan}");
+    }
+}
+
+/// `mphf_index` with `lookup_device = 'gpu'` answers as on the CPU (GPU or fallback), and a
+/// device name that is not one gives a clear planning / execution error.
+#[tokio::test]
+async fn lookup_device_and_bad_device_names() {
+    let ctx = setup(2).await;
+    let sql = "SELECT k, mphf_index(k) FROM t";
+    let (cpu, _) = run(&ctx, sql).await;
+    ctx.sql("SET mphf.lookup_device = 'gpu'").await.unwrap();
+    let (gpu, _) = run(&ctx, sql).await;
+    assert_eq!(cpu, gpu);
+    ctx.sql("SET mphf.lookup_device = 'tpu'").await.unwrap();
+    let err = ctx.sql(sql).await.unwrap().collect().await.unwrap_err().to_string();
+    assert!(
+        err.contains("mphf.lookup_device: unknown device 'tpu' (expected auto, cpu or gpu)"),
+        "{err}"
+    );
+    ctx.sql("SET mphf.aggregate_device = 'tpu'").await.unwrap();
+    let err = ctx
+        .sql("SELECT k, count(*) FROM t GROUP BY k")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mphf.aggregate_device: unknown device 'tpu' (expected auto, cpu or gpu)"),
+        "{err}"
+    );
+}
+
+/// Runs `sql` and sums the metric `name` over every `MphfAggregateExec` of its plan.
+async fn metric_sum(ctx: &MphfContext, sql: &str, name: &str) -> usize {
+    let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    datafusion::physical_plan::collect(plan.clone(), ctx.ctx().task_ctx())
+        .await
+        .unwrap();
+    let mut stack = vec![plan];
+    let mut sum = 0;
+    while let Some(node) = stack.pop() {
+        if node.name() == "MphfAggregateExec" {
+            sum += node
+                .metrics()
+                .and_then(|m| m.sum_by_name(name))
+                .map_or(0, |v| v.as_usize());
+        }
+        stack.extend(node.children().into_iter().cloned());
+    }
+    sum
 }

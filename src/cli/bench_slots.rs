@@ -210,5 +210,69 @@ pub fn run(args: &BenchSlotsArgs) -> Result<(), CliError> {
         t_join_hash / t_join_mphf
     );
     println!("\nresults identical on both paths; the hash-map join time includes building its table, the MPHF index was built once above.");
+    #[cfg(feature = "cuda")]
+    lookup_batches(args, &data.l_orderkey, &l_idx.with_dense_lookup(16.0))?;
+    Ok(())
+}
+
+/// The per-batch crossover of `mphf_index` (`mphf.lookup_gpu_min_rows`): one batch of `n` rows
+/// looked up on one CPU core (as one DataFusion partition does) against the GPU, end to end
+/// (upload, kernel, slots back as an Arrow array), for the table-order (clustered) probe and a
+/// scattered one. The index has the dense-key table the SQL session gives it.
+#[cfg(feature = "cuda")]
+fn lookup_batches(args: &BenchSlotsArgs, keys: &ArrayRef, index: &ColumnIndex) -> Result<(), CliError> {
+    let gpu = match crate::gpu::GpuIndex::new(index) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("\n(no GPU lookup table: {e})");
+            return Ok(());
+        }
+    };
+    let n = keys.len();
+    let scattered: ArrayRef = {
+        let picks = arrow::array::UInt64Array::from_iter_values((0..n as u64).map(|i| mix64(i) % n as u64));
+        arrow::compute::take(keys.as_ref(), &picks, None).map_err(|e| CliError::Bench(e.to_string()))?
+    };
+    let one_core = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .map_err(|e| CliError::Bench(e.to_string()))?;
+    println!("\n| batch rows | probe | CPU 1 core µs | GPU µs | GPU / CPU time | same slots |");
+    println!("|---|---|---|---|---|---|");
+    for rows in [
+        1usize << 10,
+        1 << 13,
+        1 << 15,
+        1 << 16,
+        1 << 17,
+        1 << 18,
+        1 << 20,
+        1 << 22,
+    ] {
+        if rows > n {
+            break;
+        }
+        for (name, probe) in [("table order", keys), ("scattered", &scattered)] {
+            let batch = probe.slice(0, rows);
+            let mut cpu = None;
+            let t_cpu = median_secs(args.runs.max(5), || {
+                cpu = Some(one_core.install(|| index.lookup(batch.as_ref())));
+            });
+            let mut on_gpu = None;
+            let _warm = gpu.lookup(batch.as_ref());
+            let t_gpu = median_secs(args.runs.max(5), || on_gpu = Some(gpu.lookup(batch.as_ref())));
+            let same = match (cpu, on_gpu) {
+                (Some(Ok(a)), Some(Ok(b))) => a.as_ref() == b.as_ref(),
+                _ => false,
+            };
+            println!(
+                "| {rows} | {name} | {:.1} | {:.1} | {:.2} | {} |",
+                t_cpu * 1e6,
+                t_gpu * 1e6,
+                t_gpu / t_cpu,
+                if same { "yes" } else { "NO" }
+            );
+        }
+    }
     Ok(())
 }

@@ -45,9 +45,10 @@ pub struct DemoArgs {
     /// Also print the MPHF session's `EXPLAIN ANALYZE` of each query (on stderr).
     #[arg(long)]
     pub explain: bool,
-    /// Run only the queries whose label contains this text (case-insensitive).
+    /// Run only the queries whose label contains this text (case-insensitive; repeatable: any
+    /// of them).
     #[arg(long)]
-    pub only: Option<String>,
+    pub only: Vec<String>,
     /// `KEY=VALUE`: a session option set in the MPHF session before the queries run
     /// (repeatable), e.g. `--set mphf.join_collect_max_partitions=4`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -121,6 +122,11 @@ const QUERIES: &[Query] = &[
     (
         "GROUP BY l_orderkey",
         "SELECT l_orderkey, count(*), sum(l_quantity) FROM lineitem GROUP BY l_orderkey",
+        "",
+    ),
+    (
+        "GROUP BY l_orderkey count(*)",
+        "SELECT l_orderkey, count(*) FROM lineitem GROUP BY l_orderkey",
         "",
     ),
     (
@@ -209,7 +215,12 @@ async fn mphf_operators(ctx: &MphfContext, sql: &str) -> Result<String> {
         .filter(|(name, _)| text.contains(name))
         .map(|(_, short)| short)
         .collect();
-    Ok(if ops.is_empty() { "hash".into() } else { ops.join("+") })
+    let ops = if ops.is_empty() { "hash".into() } else { ops.join("+") };
+    Ok(if text.contains("device=gpu") {
+        format!("{ops}(gpu)")
+    } else {
+        ops
+    })
 }
 
 /// How the vanilla session ran the joins of `sql`: each `HashJoinExec`'s mode, with `ArrayMap`
@@ -340,10 +351,10 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             .chain(&QUERIES[5..])
             .collect(),
     };
-    let only = args.only.as_deref().map(str::to_lowercase);
+    let only: Vec<String> = args.only.iter().map(|o| o.to_lowercase()).collect();
     let queries = queries
         .into_iter()
-        .filter(|(label, _, _)| only.as_ref().is_none_or(|o| label.to_lowercase().contains(o)));
+        .filter(|(label, _, _)| only.is_empty() || only.iter().any(|o| label.to_lowercase().contains(o)));
     for (label, q_mphf, q_vanilla) in queries {
         let q_vanilla = if q_vanilla.is_empty() { q_mphf } else { q_vanilla };
         let (tv, rv) = time_query(async || Ok(vanilla.sql(q_vanilla).await?.collect().await?), args.runs).await?;

@@ -30,6 +30,23 @@ extensions_options! {
         /// unique keys). false: whenever one is indexed; rows whose other columns disagree
         /// still get groups of their own (same results, slower).
         pub aggregate_require_dependence: bool, default = true
+        /// Where `MphfAggregateExec` aggregates: `auto` (the GPU when one is usable, the input is
+        /// estimated at `aggregate_gpu_min_rows` rows or more, and the aggregates are supported),
+        /// `cpu`, or `gpu` (whenever supported; without a usable GPU it runs on the CPU with a
+        /// notice). `EXPLAIN` shows the choice as `device=`.
+        pub aggregate_device: String, default = "auto".to_string()
+        /// Smallest estimated input (rows) for which `aggregate_device = auto` uses the GPU
+        /// (the crossover measured on the H200, benches/RESULTS-gpu.md).
+        pub aggregate_gpu_min_rows: u64, default = crate::datafusion::aggregate::GPU_MIN_ROWS
+        /// Run the GPU placement of the aggregation with its algorithm on the CPU (lookup of the
+        /// whole input, `gpu::groupby::aggregate_cpu`, states merged as from the GPU): for
+        /// testing that path on machines without a GPU.
+        pub gpu_emulation: bool, default = false
+        /// Where `mphf_index` looks keys up: `auto` (the GPU for batches of at least
+        /// `lookup_gpu_min_rows` rows when one is usable), `cpu` or `gpu`.
+        pub lookup_device: String, default = "auto".to_string()
+        /// Smallest batch (rows) that `lookup_device = auto` sends to the GPU.
+        pub lookup_gpu_min_rows: u64, default = crate::datafusion::udf::GPU_LOOKUP_MIN_ROWS
         /// Lookups of dense integer keys read a direct key → slot table (same slots as the MPHF)
         /// when it costs at most this many bytes per key (4 per value of the key range); 0: off.
         /// Takes effect for indexes created (or loaded) afterwards.
@@ -55,6 +72,22 @@ impl ConfigExtension for MphfConfig {
 }
 
 impl MphfConfig {
+    /// `aggregate_device` parsed.
+    ///
+    /// # Errors
+    /// Not `auto`, `cpu` or `gpu`.
+    pub fn aggregate_device(&self) -> Result<crate::device::Device, String> {
+        self.aggregate_device.parse()
+    }
+
+    /// `lookup_device` parsed.
+    ///
+    /// # Errors
+    /// Not `auto`, `cpu` or `gpu`.
+    pub fn lookup_device(&self) -> Result<crate::device::Device, String> {
+        self.lookup_device.parse()
+    }
+
     /// True when a stale saved index must be refused instead of rebuilt.
     pub fn refuse_stale(&self) -> bool {
         self.on_stale.eq_ignore_ascii_case("refuse")

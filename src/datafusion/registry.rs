@@ -95,6 +95,9 @@ pub struct IndexHandle {
     info: IndexInfo,
     /// Bytes reserved in the session's memory pool (released on drop).
     _reservation: Option<MemoryReservation>,
+    /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
+    #[cfg(feature = "cuda")]
+    gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, String>>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -109,6 +112,8 @@ impl IndexHandle {
             index,
             info,
             _reservation: reservation,
+            #[cfg(feature = "cuda")]
+            gpu: std::sync::OnceLock::new(),
         });
         LIVE.write()
             .expect("index table poisoned")
@@ -126,6 +131,17 @@ impl IndexHandle {
     /// The facts.
     pub fn info(&self) -> &IndexInfo {
         &self.info
+    }
+
+    /// The index on the GPU, uploaded on the first call and cached while the handle lives.
+    ///
+    /// # Errors
+    /// Why the GPU cannot hold it (no usable GPU, upload failure); the error is cached too.
+    #[cfg(feature = "cuda")]
+    pub fn gpu_index(&self) -> Result<Arc<crate::gpu::GpuIndex>, String> {
+        self.gpu
+            .get_or_init(|| crate::gpu::GpuIndex::new(&self.index).map(Arc::new))
+            .clone()
     }
 }
 

@@ -8,7 +8,10 @@
 //!
 //! - **Input**: slots on the device (from [`super::GpuIndex::lookup_device`]; `u32`, slots ≥ G
 //!   such as [`super::query::ABSENT32`] form one extra group G, SQL's NULL group), and value
-//!   columns (Int8–Int64, UInt8–UInt32 widened to i64; Float32/Float64 as f64) with NULLs.
+//!   columns (Int8–Int64, UInt8–UInt32 and Decimal128 widened to i64; Float32/Float64 as f64)
+//!   with NULLs. Decimal columns are accepted when the absolute values of their non-NULL rows
+//!   sum to less than 2^63, so every 64-bit sum is exact. Columns are widened on all cores
+//!   straight into pinned staging memory (see `staging`), also from several parts (batches).
 //! - **Output** ([`GroupByResult`]): per group (G + 1 entries), count(*), and per column the
 //!   non-NULL count, wrapping i64 or f64 sum, min and max; avg = sum / count. Groups with no
 //!   non-NULL value report sum = min = max = 0 (the caller turns them into NULL by the count).
@@ -35,14 +38,16 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{
-    DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt8Type,
+    DataType, Decimal128Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type,
+    UInt32Type, UInt8Type,
 };
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
+use super::query::concat_validity;
 use super::{kernels, GpuContext};
 
 /// Largest distinct slots per row in the 32-row sample windows for which `Auto` combines lanes
@@ -254,49 +259,119 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(format!("{what} panicked")))
 }
 
-/// Values of a column as i64 or f64 bit patterns, with its kind.
-fn widen(values: &dyn Array) -> Result<(Vec<u64>, ValueKind), String> {
-    macro_rules! ints {
-        ($t:ty) => {
-            (
-                values
-                    .as_primitive::<$t>()
-                    .values()
-                    .iter()
-                    .map(|&v| v as i64 as u64)
-                    .collect(),
-                ValueKind::I64,
-            )
+/// The accumulator type of a column of type `dt`.
+fn value_kind(dt: &DataType) -> Result<ValueKind, String> {
+    match dt {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::Decimal128(_, _) => Ok(ValueKind::I64),
+        DataType::Float32 | DataType::Float64 => Ok(ValueKind::F64),
+        other => Err(format!("GPU GROUP BY does not aggregate {other} columns")),
+    }
+}
+
+/// Sum of the absolute unscaled values of the non-NULL rows of a decimal column (0 for other
+/// types), on one core. Below 2^63 for all of a column's parts, its values fit in i64 and no
+/// partial sum of any group can wrap (the kernels add in i64), so decimal results are exact.
+fn decimal_abs_sum(values: &dyn Array) -> u128 {
+    let Some(d) = values.as_primitive_opt::<Decimal128Type>() else {
+        return 0;
+    };
+    let nulls = d.logical_nulls();
+    d.values()
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| nulls.as_ref().is_none_or(|n| n.is_valid(i)))
+        .map(|(_, v)| v.unsigned_abs())
+        .fold(0, u128::saturating_add)
+}
+
+/// Rows per piece of the parallel widening (one piece per core task).
+const WIDEN_PIECE_ROWS: usize = 1 << 16;
+
+/// `parts` cut into pieces of at most [`WIDEN_PIECE_ROWS`] rows, in order (zero-copy slices).
+fn pieces_of(parts: &[&dyn Array]) -> Vec<ArrayRef> {
+    let mut out = Vec::new();
+    for p in parts {
+        let data = p.to_data();
+        let mut at = 0;
+        while at < p.len() {
+            let len = WIDEN_PIECE_ROWS.min(p.len() - at);
+            out.push(arrow::array::make_array(data.slice(at, len)));
+            at += len;
+        }
+    }
+    out
+}
+
+/// Fails when the decimal parts' values could make a 64-bit sum inexact (see [`decimal_abs_sum`]).
+fn check_exact(pieces: &[ArrayRef]) -> Result<(), String> {
+    let total = pieces
+        .par_iter()
+        .map(|p| decimal_abs_sum(p.as_ref()))
+        .reduce(|| 0, u128::saturating_add);
+    if total >= 1 << 63 {
+        return Err("decimal values too large for exact 64-bit sums on the GPU".to_string());
+    }
+    Ok(())
+}
+
+/// Writes the column's values into `out` (one u64 per row) as the kernels read them: integers
+/// and decimals (already checked by [`check_exact`]) as i64, floats as f64 bits. NULL slots are
+/// widened too; the validity masks them. One core: callers parallelize over pieces.
+fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), String> {
+    macro_rules! map {
+        ($t:ty, $f:expr) => {
+            for (o, v) in out.iter_mut().zip(values.as_primitive::<$t>().values().iter()) {
+                *o = $f(*v);
+            }
         };
     }
-    Ok(match values.data_type() {
-        DataType::Int8 => ints!(Int8Type),
-        DataType::Int16 => ints!(Int16Type),
-        DataType::Int32 => ints!(Int32Type),
-        DataType::Int64 => ints!(Int64Type),
-        DataType::UInt8 => ints!(UInt8Type),
-        DataType::UInt16 => ints!(UInt16Type),
-        DataType::UInt32 => ints!(UInt32Type),
-        DataType::Float32 => (
-            values
-                .as_primitive::<Float32Type>()
-                .values()
-                .iter()
-                .map(|&v| (v as f64).to_bits())
-                .collect(),
-            ValueKind::F64,
-        ),
-        DataType::Float64 => (
-            values
-                .as_primitive::<Float64Type>()
-                .values()
-                .iter()
-                .map(|&v| v.to_bits())
-                .collect(),
-            ValueKind::F64,
-        ),
+    if out.len() != values.len() {
+        return Err(format!("{} rows for {} slots", values.len(), out.len()));
+    }
+    match values.data_type() {
+        DataType::Int8 => map!(Int8Type, |v: i8| v as i64 as u64),
+        DataType::Int16 => map!(Int16Type, |v: i16| v as i64 as u64),
+        DataType::Int32 => map!(Int32Type, |v: i32| v as i64 as u64),
+        DataType::Int64 => map!(Int64Type, |v: i64| v as u64),
+        DataType::UInt8 => map!(UInt8Type, |v: u8| v as u64),
+        DataType::UInt16 => map!(UInt16Type, |v: u16| v as u64),
+        DataType::UInt32 => map!(UInt32Type, |v: u32| v as u64),
+        DataType::Decimal128(_, _) => map!(Decimal128Type, |v: i128| v as i64 as u64),
+        DataType::Float32 => map!(Float32Type, |v: f32| (v as f64).to_bits()),
+        DataType::Float64 => map!(Float64Type, |v: f64| v.to_bits()),
         other => return Err(format!("GPU GROUP BY does not aggregate {other} columns")),
-    })
+    }
+    Ok(())
+}
+
+/// Widens `pieces` into `out` (their rows in order) on all cores.
+fn widen_pieces(pieces: &[ArrayRef], out: &mut [u64]) -> Result<(), String> {
+    let mut jobs = Vec::with_capacity(pieces.len());
+    let mut rest = out;
+    for p in pieces {
+        let (head, tail) = rest.split_at_mut(p.len());
+        jobs.push((p, head));
+        rest = tail;
+    }
+    jobs.into_par_iter()
+        .try_for_each(|(p, piece)| widen_into(p.as_ref(), piece))
+}
+
+/// The column's values as the kernels read them, and its accumulator type.
+fn widen(values: &dyn Array) -> Result<(Vec<u64>, ValueKind), String> {
+    let kind = value_kind(values.data_type())?;
+    let pieces = pieces_of(&[values]);
+    check_exact(&pieces)?;
+    let mut out = vec![0u64; values.len()];
+    widen_pieces(&pieces, &mut out)?;
+    Ok((out, kind))
 }
 
 /// The ops bitmask of a column's aggregates (the non-NULL count is always on).
@@ -413,27 +488,37 @@ impl GpuGroupBy {
     /// # Errors
     /// Unsupported types; device allocation or copy failure.
     pub fn upload_column(&self, values: &dyn Array) -> Result<DeviceColumn, String> {
+        self.upload_column_parts(&[values])
+    }
+
+    /// Uploads the concatenation of `parts` (e.g. the batches of a partition) as one column,
+    /// widened on all cores straight into pinned staging memory and sent in one copy.
+    ///
+    /// # Errors
+    /// Unsupported or differing types; device allocation or copy failure.
+    pub fn upload_column_parts(&self, parts: &[&dyn Array]) -> Result<DeviceColumn, String> {
         guarded("uploading a value column", || {
-            let (host, kind) = widen(values)?;
-            let stream = self.ctx.stream();
-            let rows = values.len();
-            let d = stream
-                .clone_htod(if host.is_empty() { &[0u64][..] } else { &host })
-                .map_err(derr("uploading values"))?;
-            let valid = match values.logical_nulls().filter(|n| n.null_count() > 0) {
-                Some(n) => {
-                    let bits = n.inner();
-                    let (off, len) = (bits.offset(), bits.len());
-                    let bytes = &bits.values()[off / 8..(off + len).div_ceil(8)];
-                    Some((
-                        stream.clone_htod(bytes).map_err(derr("uploading validity"))?,
-                        (off % 8) as u64,
-                    ))
-                }
+            let dt = parts.first().map_or(&DataType::Int64, |p| p.data_type());
+            if parts.iter().any(|p| p.data_type() != dt) {
+                return Err("value column parts of different types".into());
+            }
+            let kind = value_kind(dt)?;
+            let pieces = pieces_of(parts);
+            check_exact(&pieces)?;
+            let rows: usize = parts.iter().map(|p| p.len()).sum();
+            let values = self.ctx.upload_staged(rows, |out| widen_pieces(&pieces, out))?;
+            let valid = match concat_validity(parts) {
+                Some(bits) => Some((
+                    self.ctx
+                        .stream()
+                        .clone_htod(&bits)
+                        .map_err(derr("uploading validity"))?,
+                    0,
+                )),
                 None => None,
             };
             Ok(DeviceColumn {
-                values: d,
+                values,
                 valid,
                 kind,
                 rows,
@@ -792,8 +877,7 @@ impl DeviceAggregates {
     /// Copy failures.
     pub fn download(&self, ctx: &GpuContext) -> Result<GroupByResult, String> {
         guarded("downloading GROUP BY results", || {
-            let s = ctx.stream();
-            let get = |d: &CudaSlice<u64>| s.clone_dtoh(d).map_err(derr("copying aggregates back"));
+            let get = |d: &CudaSlice<u64>| ctx.download_staged(d, d.len());
             let rows = self.rows.as_ref().map(get).transpose()?;
             let mut columns = Vec::with_capacity(self.cols.len());
             for c in &self.cols {

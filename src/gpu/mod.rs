@@ -14,6 +14,7 @@ pub mod build;
 pub mod groupby;
 pub mod kernels;
 pub mod query;
+mod staging;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -85,6 +86,8 @@ pub struct GpuContext {
     modules: Mutex<HashMap<(usize, bool), Arc<Kernels>>>,
     /// Query-side modules (`query.cu` per (ℓ, rotation), `groupby.cu`), by name.
     query_modules: Mutex<HashMap<String, Arc<CudaModule>>>,
+    /// Pinned host buffers for bulk copies (see [`staging`]).
+    staging: staging::Staging,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -134,6 +137,7 @@ impl GpuContext {
             name,
             modules: Mutex::new(HashMap::new()),
             query_modules: Mutex::new(HashMap::new()),
+            staging: staging::Staging::default(),
         }))
     }
 

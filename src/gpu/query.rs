@@ -34,7 +34,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, UInt32Array, UInt64Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanBufferBuilder, UInt32Array, UInt64Array};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::DataType;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -133,8 +133,9 @@ enum DeviceKeys {
 
 /// The probe's values on the device.
 enum ProbeData {
-    /// Raw native values and their kind (bytes per key, | 16 when signed).
-    Int { data: CudaSlice<u8>, kind: u32 },
+    /// Raw native values (packed, padded to whole words) and their kind (bytes per key, | 16
+    /// when signed).
+    Int { data: CudaSlice<u64>, kind: u32 },
     /// Host-computed hashes (hi, lo per row), `rows + 1` offsets and the bytes.
     Bytes {
         hashes: CudaSlice<u64>,
@@ -241,6 +242,23 @@ fn raw_values(arr: &dyn Array, width: usize) -> Result<Buffer, String> {
         return Err("values buffer shorter than the array".into());
     }
     Ok(buf.slice_with_length(start, len))
+}
+
+/// The validity of `parts` concatenated as bitmap bytes from bit 0, or `None` when no row is
+/// NULL.
+pub(crate) fn concat_validity(parts: &[&dyn Array]) -> Option<Vec<u8>> {
+    if parts.iter().all(|p| p.logical_null_count() == 0) {
+        return None;
+    }
+    let rows = parts.iter().map(|p| p.len()).sum();
+    let mut bits = BooleanBufferBuilder::new(rows);
+    for p in parts {
+        match p.logical_nulls() {
+            Some(n) => bits.append_buffer(n.inner()),
+            None => bits.append_n(p.len(), true),
+        }
+    }
+    Some(bits.finish().values().to_vec())
 }
 
 /// Row `i` of raw values of kind `kind`, widened to its u64 hashing pattern.
@@ -508,62 +526,118 @@ impl GpuIndex {
     /// A probe type that cannot hold keys of the index's type; device allocation or copy
     /// failures.
     pub fn upload(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
-        guarded("uploading the probe", || self.upload_inner(probe))
+        self.upload_parts(&[probe])
     }
 
-    fn upload_inner(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
-        let cast = self.cast(probe)?;
-        let probe: &dyn Array = cast.as_deref().unwrap_or(probe);
+    /// Uploads the concatenation of `parts` (e.g. the batches of a partition) as one probe:
+    /// integer keys are copied on all cores straight into pinned staging memory and sent to
+    /// the device in one copy, with no concatenated host array in between.
+    ///
+    /// # Errors
+    /// As [`GpuIndex::upload`].
+    pub fn upload_parts(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, String> {
+        guarded("uploading the probe", || self.upload_inner(parts))
+    }
+
+    fn upload_inner(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, String> {
+        let casts = parts.iter().map(|p| self.cast(*p)).collect::<Result<Vec<_>, _>>()?;
+        let parts: Vec<&dyn Array> = parts
+            .iter()
+            .zip(&casts)
+            .map(|(p, c)| c.as_deref().unwrap_or(*p))
+            .collect();
+        let Some(kind) = int_kind(&self.key_type) else {
+            let refs: Vec<&dyn Array> = parts.to_vec();
+            let one = match refs.as_slice() {
+                [_] => None,
+                _ => Some(arrow::compute::concat(&refs).map_err(|e| format!("concatenating the probe: {e}"))?),
+            };
+            return self.upload_bytes(one.as_deref().unwrap_or(parts[0]));
+        };
         let stream = self.ctx.stream();
-        let rows = probe.len();
-        let nulls = probe.logical_nulls().filter(|n| n.null_count() > 0);
-        let valid = match &nulls {
-            Some(n) => {
-                let bits = n.inner();
-                let (off, len) = (bits.offset(), bits.len());
-                let bytes = &bits.values()[off / 8..(off + len).div_ceil(8)];
-                let d = stream.clone_htod(bytes).map_err(derr("uploading the validity"))?;
-                Some((d, (off % 8) as u64))
-            }
+        let rows: usize = parts.iter().map(|p| p.len()).sum();
+        let valid = match concat_validity(&parts) {
+            Some(bits) => Some((
+                stream
+                    .clone_htod(bits.as_slice())
+                    .map_err(derr("uploading the validity"))?,
+                0,
+            )),
             None => None,
         };
-        let (data, run_rate) = match int_kind(&self.key_type) {
-            Some(kind) => {
-                let raw = raw_values(probe, (kind & 15) as usize)?;
-                let rate = sample_run_rate(&raw, kind, rows);
-                let d = stream
-                    .clone_htod(if raw.is_empty() { &[0u8; 8][..] } else { raw.as_slice() })
-                    .map_err(derr("uploading the probe"))?;
-                (ProbeData::Int { data: d, kind }, rate)
+        let width = (kind & 15) as usize;
+        let raws = parts
+            .iter()
+            .map(|p| raw_values(*p, width))
+            .collect::<Result<Vec<_>, _>>()?;
+        let run_rate = raws
+            .iter()
+            .zip(&parts)
+            .max_by_key(|(_, p)| p.len())
+            .map_or(0.0, |(raw, p)| sample_run_rate(raw, kind, p.len()));
+        let words = (rows * width).div_ceil(8);
+        let data = self.ctx.upload_staged(words, |out| {
+            // SAFETY: a byte view of the exclusively borrowed word slice (u8 has alignment 1 and
+            // every bit pattern is valid); it lives no longer than `out`.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8) };
+            let mut pieces = Vec::with_capacity(raws.len());
+            let mut rest = &mut bytes[..];
+            for raw in &raws {
+                let (head, tail) = rest.split_at_mut(raw.len());
+                pieces.push((raw, head));
+                rest = tail;
             }
-            None => {
-                let (offsets, mut bytes) = pack_bytes(probe)?;
-                let seed = self.seed;
-                let mut hashes = vec![0u64; 2 * rows.max(1)];
-                hashes.par_chunks_mut(2 * 4096).enumerate().for_each(|(c, out)| {
-                    for (j, pair) in out.chunks_mut(2).enumerate() {
-                        let i = c * 4096 + j;
-                        if i < rows {
-                            let h = hash_bytes(&bytes[offsets[i] as usize..offsets[i + 1] as usize], seed);
-                            pair[0] = h.hi;
-                            pair[1] = h.lo;
-                        }
-                    }
-                });
-                if bytes.is_empty() {
-                    bytes.push(0);
-                }
-                let hashes = stream.clone_htod(&hashes).map_err(derr("uploading the hashes"))?;
-                let offsets = stream.clone_htod(&offsets).map_err(derr("uploading the offsets"))?;
-                let data = stream.clone_htod(&bytes).map_err(derr("uploading the probe bytes"))?;
-                (ProbeData::Bytes { hashes, offsets, data }, 0.0)
-            }
-        };
+            rest.fill(0);
+            pieces
+                .into_par_iter()
+                .for_each(|(raw, piece)| piece.copy_from_slice(raw.as_slice()));
+            Ok(())
+        })?;
         Ok(DeviceProbe {
             rows,
-            data,
+            data: ProbeData::Int { data, kind },
             valid,
             run_rate,
+        })
+    }
+
+    /// Uploads a byte-key probe: hashed on all cores here, verified on the device.
+    fn upload_bytes(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
+        let stream = self.ctx.stream();
+        let rows = probe.len();
+        let valid = match concat_validity(&[probe]) {
+            Some(bits) => Some((
+                stream
+                    .clone_htod(bits.as_slice())
+                    .map_err(derr("uploading the validity"))?,
+                0,
+            )),
+            None => None,
+        };
+        let (offsets, mut bytes) = pack_bytes(probe)?;
+        let seed = self.seed;
+        let mut hashes = vec![0u64; 2 * rows.max(1)];
+        hashes.par_chunks_mut(2 * 4096).enumerate().for_each(|(c, out)| {
+            for (j, pair) in out.chunks_mut(2).enumerate() {
+                let i = c * 4096 + j;
+                if i < rows {
+                    let h = hash_bytes(&bytes[offsets[i] as usize..offsets[i + 1] as usize], seed);
+                    pair[0] = h.hi;
+                    pair[1] = h.lo;
+                }
+            }
+        });
+        if bytes.is_empty() {
+            bytes.push(0);
+        }
+        let hashes = stream.clone_htod(&hashes).map_err(derr("uploading the hashes"))?;
+        let offsets = stream.clone_htod(&offsets).map_err(derr("uploading the offsets"))?;
+        let data = stream.clone_htod(&bytes).map_err(derr("uploading the probe bytes"))?;
+        Ok(DeviceProbe {
+            rows,
+            data: ProbeData::Bytes { hashes, offsets, data },
+            valid,
+            run_rate: 0.0,
         })
     }
 
@@ -614,7 +688,7 @@ impl GpuIndex {
     /// As [`GpuIndex::upload`] and [`GpuIndex::lookup_device_into`].
     pub fn lookup_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> Result<(), String> {
         guarded("the GPU lookup", || {
-            let p = self.upload_inner(probe)?;
+            let p = self.upload_inner(&[probe])?;
             out.clear();
             out.resize(p.rows, ABSENT);
             if p.rows == 0 {

@@ -26,7 +26,7 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use super::grouping::{ByteRows, Grouping};
-use super::{FALLBACK_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
+use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
 use crate::core::column::ABSENT;
 use crate::datafusion::registry::IndexHandle;
@@ -48,8 +48,9 @@ pub(super) fn groups_accumulator(expr: &Arc<AggregateFunctionExpr>) -> Result<Bo
     }
 }
 
-/// The operator's metrics of one partition.
+/// The operator's metrics of one partition (the `gpu_*` ones stay 0 without the `cuda` feature).
 #[derive(Clone)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) struct SlotMetrics {
     pub input_rows: Count,
     pub slots_touched: Count,
@@ -57,6 +58,14 @@ pub(super) struct SlotMetrics {
     pub lookup_time: Time,
     pub aggregation_time: Time,
     pub emitting_time: Time,
+    /// Rows aggregated by the GPU placement (0 when it ran on the CPU or fell back).
+    pub gpu_rows: Count,
+    /// GPU placement: evaluating and concatenating the input columns on the host.
+    pub gpu_prepare_time: Time,
+    /// GPU placement: copies, lookup and aggregation kernels, results back.
+    pub gpu_device_time: Time,
+    /// GPU placement: turning the per-slot results into accumulator states.
+    pub gpu_states_time: Time,
 }
 
 impl SlotMetrics {
@@ -68,6 +77,10 @@ impl SlotMetrics {
             lookup_time: MetricBuilder::new(metrics).subset_time("time_calculating_group_ids", partition),
             aggregation_time: MetricBuilder::new(metrics).subset_time("aggregation_time", partition),
             emitting_time: MetricBuilder::new(metrics).subset_time("emitting_time", partition),
+            gpu_rows: MetricBuilder::new(metrics).counter(GPU_ROWS_METRIC_NAME, partition),
+            gpu_prepare_time: MetricBuilder::new(metrics).subset_time("gpu_prepare_time", partition),
+            gpu_device_time: MetricBuilder::new(metrics).subset_time("gpu_device_time", partition),
+            gpu_states_time: MetricBuilder::new(metrics).subset_time("gpu_states_time", partition),
         }
     }
 }
@@ -103,6 +116,21 @@ impl PartialSlots {
             states: Vec::new(),
             fallback_keys: Vec::new(),
             fallback_states: Vec::new(),
+            _reservation: None,
+        }
+    }
+
+    /// A partial of member groups only, from per-slot states computed on the GPU.
+    #[cfg(feature = "cuda")]
+    pub(super) fn from_slot_states(part: super::gpu::SlotStates) -> Self {
+        let fallback_states = part.states.iter().map(|a| a.slice(0, 0)).collect();
+        Self {
+            n_touched: part.slots.len(),
+            slots: part.slots,
+            deps: ByteRows::default(),
+            states: part.states,
+            fallback_keys: Vec::new(),
+            fallback_states,
             _reservation: None,
         }
     }
@@ -313,6 +341,43 @@ impl SlotGroups {
                 .collect::<Result<Vec<ArrayRef>>>()?;
             acc.update_batch(&values, &self.groups, None, total)?;
         }
+        self.seen_rows = true;
+        Ok(())
+    }
+
+    /// Merges per-slot states computed elsewhere (the GPU, see [`gpu`](super::gpu)) into the
+    /// canonical groups of their slots (`slots` ascending and distinct; no dependent columns).
+    #[cfg(feature = "cuda")]
+    pub(super) fn merge_slot_states(&mut self, part: &super::gpu::SlotStates) -> Result<()> {
+        if part.slots.is_empty() {
+            return Ok(());
+        }
+        part.record(&self.metrics);
+        if self.group_of_slot.is_empty() {
+            self.group_of_slot = vec![NO_GROUP; self.n_slots];
+        }
+        let mut groups = std::mem::take(&mut self.groups);
+        groups.clear();
+        for &s in &part.slots {
+            let g = match self.group_of_slot.get(s) {
+                Some(&NO_GROUP) => {
+                    let g = self.new_group(Origin::Slot(s), &[]);
+                    self.group_of_slot[s] = g as u32;
+                    g
+                }
+                Some(&g) => g as usize,
+                None => return Err(DataFusionError::Internal(format!("GPU slot {s} out of range"))),
+            };
+            groups.push(g);
+        }
+        let total = self.origin.len();
+        let _timer = self.metrics.aggregation_time.timer();
+        let mut col = 0;
+        for (acc, &w) in self.accs.iter_mut().zip(&part.widths) {
+            acc.merge_batch(&part.states[col..col + w], &groups, total)?;
+            col += w;
+        }
+        self.groups = groups;
         self.seen_rows = true;
         Ok(())
     }

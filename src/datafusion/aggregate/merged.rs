@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use ::datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use ::datafusion::arrow::compute::take;
+use ::datafusion::arrow::datatypes::SchemaRef;
 use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, DataFusionError, Result};
@@ -43,8 +44,11 @@ use ::datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
+#[cfg(feature = "cuda")]
+use super::gpu::{notice_cpu_fallback, GpuAggregation};
 use super::grouping::{ByteRows, Grouping};
 use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, SlotMetrics};
+use super::Placement;
 use crate::datafusion::registry::IndexHandle;
 
 type PartialsResult = std::result::Result<Arc<Vec<PartialSlots>>, Arc<DataFusionError>>;
@@ -60,6 +64,8 @@ pub struct MphfMergedAggregateExec {
     key_pos: usize,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// CPU or GPU (the partials' placement).
+    placement: Placement,
     /// The partials of the current execution, computed once, and how many output partitions
     /// took them (the cache is cleared when all did, so a re-execution starts afresh).
     partials: Mutex<Option<(Shared<BoxFuture<'static, PartialsResult>>, usize)>>,
@@ -97,8 +103,15 @@ impl MphfMergedAggregateExec {
             key_pos,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
+            placement: Placement::Cpu,
             partials: Mutex::new(None),
         }
+    }
+
+    /// The same node computing its partials on `placement`.
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
     }
 
     /// The shared future of the partials (started on first use).
@@ -119,42 +132,32 @@ impl MphfMergedAggregateExec {
         let metrics = self.metrics.clone();
         let out_schema = ExecutionPlan::schema(self.final_agg.as_ref());
         let key_pos = self.key_pos;
+        let placement = self.placement.clone();
         let fut = async move {
-            let inputs = partial.input().output_partitioning().partition_count();
-            let mut tasks = Vec::with_capacity(inputs);
-            for i in 0..inputs {
-                let stream = partial.input().execute(i, Arc::clone(&context))?;
-                let mut groups = SlotGroups::try_new(
-                    &partial,
-                    key_pos,
-                    &out_schema,
-                    Arc::clone(&index),
-                    SlotMetrics::new(&metrics, i),
-                )?;
-                let reservation =
-                    MemoryConsumer::new(format!("MphfAggregateExec[partial {i}]")).register(context.memory_pool());
-                tasks.push(SpawnedTask::spawn(async move {
-                    let mut stream = stream;
-                    while let Some(batch) = stream.next().await {
-                        groups.accumulate(&batch?)?;
-                        reservation.try_resize(groups.size())?;
-                    }
-                    let out = groups.into_partial()?;
-                    reservation.try_resize(out.size())?;
-                    Ok::<_, DataFusionError>(PartialSlots {
-                        _reservation: Some(reservation),
-                        ..out
-                    })
-                }));
-            }
-            let mut out = Vec::with_capacity(inputs);
-            for t in tasks {
-                let part = t
-                    .join_unwind()
-                    .await
-                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-                out.push(part);
-            }
+            let job = PartialJob {
+                partial,
+                index,
+                context,
+                metrics,
+                out_schema,
+                key_pos,
+            };
+            let out = match placement {
+                Placement::Cpu => {
+                    let inputs = job.partial.input().output_partitioning().partition_count();
+                    let sources = (0..inputs)
+                        .map(|i| {
+                            job.partial
+                                .input()
+                                .execute(i, Arc::clone(&job.context))
+                                .map(Rows::Stream)
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    job.cpu_partials(sources).await?
+                }
+                #[cfg(feature = "cuda")]
+                Placement::Gpu(gpu) => job.gpu_partials(gpu).await?,
+            };
             Ok(Arc::new(out))
         }
         .map(|r: Result<Arc<Vec<PartialSlots>>>| r.map_err(Arc::new))
@@ -164,6 +167,125 @@ impl MphfMergedAggregateExec {
             *guard = Some((fut.clone(), 1));
         }
         fut
+    }
+}
+
+/// Where the rows of one input partition come from.
+enum Rows {
+    /// The input partition's stream.
+    Stream(SendableRecordBatchStream),
+    /// Batches already collected (the GPU placement's CPU fallback).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Buffered(Vec<RecordBatch>),
+}
+
+/// What computing the partials needs (moved into their future).
+struct PartialJob {
+    partial: Arc<AggregateExec>,
+    index: Arc<IndexHandle>,
+    context: Arc<TaskContext>,
+    metrics: ExecutionPlanMetricsSet,
+    out_schema: SchemaRef,
+    key_pos: usize,
+}
+
+impl PartialJob {
+    /// Slot accumulators for input partition `i`.
+    fn slot_groups(&self, i: usize) -> Result<SlotGroups> {
+        SlotGroups::try_new(
+            &self.partial,
+            self.key_pos,
+            &self.out_schema,
+            Arc::clone(&self.index),
+            SlotMetrics::new(&self.metrics, i),
+        )
+    }
+
+    /// One partial per source, each accumulated on the CPU in its own task.
+    async fn cpu_partials(&self, sources: Vec<Rows>) -> Result<Vec<PartialSlots>> {
+        let mut tasks = Vec::with_capacity(sources.len());
+        for (i, source) in sources.into_iter().enumerate() {
+            let mut groups = self.slot_groups(i)?;
+            let reservation =
+                MemoryConsumer::new(format!("MphfAggregateExec[partial {i}]")).register(self.context.memory_pool());
+            tasks.push(SpawnedTask::spawn(async move {
+                match source {
+                    Rows::Stream(mut stream) => {
+                        while let Some(batch) = stream.next().await {
+                            groups.accumulate(&batch?)?;
+                            reservation.try_resize(groups.size())?;
+                        }
+                    }
+                    Rows::Buffered(batches) => {
+                        for batch in &batches {
+                            groups.accumulate(batch)?;
+                            reservation.try_resize(groups.size())?;
+                        }
+                    }
+                }
+                let out = groups.into_partial()?;
+                reservation.try_resize(out.size())?;
+                Ok::<_, DataFusionError>(PartialSlots {
+                    _reservation: Some(reservation),
+                    ..out
+                })
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            let part = t
+                .join_unwind()
+                .await
+                .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            out.push(part);
+        }
+        Ok(out)
+    }
+
+    /// The GPU placement: every input partition collected, then one lookup and aggregation
+    /// over all rows on the GPU (one partial, no per-partition slot arrays), plus a CPU
+    /// partial of the NULL-key rows. Falls back to [`PartialJob::cpu_partials`] over the
+    /// collected batches.
+    #[cfg(feature = "cuda")]
+    async fn gpu_partials(&self, gpu: Arc<GpuAggregation>) -> Result<Vec<PartialSlots>> {
+        let inputs = self.partial.input().output_partitioning().partition_count();
+        let mut tasks = Vec::with_capacity(inputs);
+        for i in 0..inputs {
+            let stream = self.partial.input().execute(i, Arc::clone(&self.context))?;
+            tasks.push(SpawnedTask::spawn(stream.try_collect::<Vec<RecordBatch>>()));
+        }
+        let mut per_input = Vec::with_capacity(inputs);
+        for t in tasks {
+            per_input.push(
+                t.join_unwind()
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??,
+            );
+        }
+        let reservation = MemoryConsumer::new("MphfAggregateExec[gpu input]").register(self.context.memory_pool());
+        reservation.try_grow(per_input.iter().flatten().map(|b| b.get_array_memory_size()).sum())?;
+        let all: Vec<RecordBatch> = per_input.iter().flatten().cloned().collect();
+        let (run_gpu, run_index, run_all) = (Arc::clone(&gpu), Arc::clone(&self.index), all.clone());
+        let outcome = SpawnedTask::spawn_blocking(move || run_gpu.run(&run_index, &run_all))
+            .join_unwind()
+            .await
+            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
+        match outcome {
+            Ok(Some(states)) => {
+                states.record(&SlotMetrics::new(&self.metrics, 0));
+                let mut out = vec![PartialSlots::from_slot_states(states)];
+                let nulls = gpu.null_key_rows(&all)?;
+                if !nulls.is_empty() {
+                    out.extend(self.cpu_partials(vec![Rows::Buffered(nulls)]).await?);
+                }
+                return Ok(out);
+            }
+            Ok(None) => {}
+            Err(why) => notice_cpu_fallback(&why),
+        }
+        drop(all);
+        self.cpu_partials(per_input.into_iter().map(Rows::Buffered).collect())
+            .await
     }
 }
 
@@ -361,12 +483,14 @@ impl DisplayAs for MphfMergedAggregateExec {
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "mode=SlotMerge")?;
+                writeln!(f, "device={}", self.placement.device_name())?;
                 writeln!(f, "index={}.{}", info.table, info.column)?;
                 write!(f, "gby=[{}]", gby.join(", "))
             }
             _ => write!(
                 f,
-                "MphfAggregateExec: mode=SlotMerge, ranges={ranges}, index={}.{}, gby=[{}], aggr=[{}]",
+                "MphfAggregateExec: mode=SlotMerge, device={}, ranges={ranges}, index={}.{}, gby=[{}], aggr=[{}]",
+                self.placement.device_name(),
                 info.table,
                 info.column,
                 gby.join(", "),
@@ -409,13 +533,16 @@ impl ExecutionPlan for MphfMergedAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            super::with_new_input(&self.partial, children, options)?,
-            Arc::clone(&self.final_agg),
-            Arc::clone(&self.index),
-            self.key_pos,
-            self.properties.output_partitioning().partition_count(),
-        )))
+        Ok(Arc::new(
+            Self::new(
+                super::with_new_input(&self.partial, children, options)?,
+                Arc::clone(&self.final_agg),
+                Arc::clone(&self.index),
+                self.key_pos,
+                self.properties.output_partitioning().partition_count(),
+            )
+            .with_placement(self.placement.clone()),
+        ))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {

@@ -39,7 +39,17 @@
 //!   distinct key value still forms exactly one group per partition. Results therefore equal
 //!   vanilla DataFusion's even when the index is stale.
 //! - Only touched slots (and fallback groups) are emitted, in slot order, in `batch_size` batches.
+//!
+//! # Placement
+//! Either form runs on the CPU (batch by batch) or on the GPU ([`Placement`], chosen by the
+//! rule from `mphf.aggregate_device`): the GPU placement collects its input, looks it up and
+//! aggregates it on the device in one pass, and turns the per-slot results into the
+//! accumulators' states (module `gpu`); the SlotMerge form then has one partial for all input
+//! partitions. NULL keys, stale indexes and GPU failures end on the CPU path with the same
+//! results.
 
+#[cfg(feature = "cuda")]
+mod gpu;
 mod grouping;
 mod groups;
 mod lineage;
@@ -63,7 +73,7 @@ use ::datafusion::physical_plan::{
 };
 
 pub use merged::MphfMergedAggregateExec;
-pub use rule::{Costing, MphfAggregateRule, MIN_SLOTS};
+pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, GPU_MIN_ROWS_PER_SLOT, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
 use super::registry::IndexHandle;
@@ -73,6 +83,9 @@ pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
 /// Counter of rows grouped through a hash map: key NULL or not in the index, or dependent group
 /// columns differing from their slot's first row.
 pub const FALLBACK_ROWS_METRIC_NAME: &str = "fallback_rows";
+
+/// Counter of rows aggregated by the GPU placement (0 when it ran on the CPU or fell back to it).
+pub const GPU_ROWS_METRIC_NAME: &str = "gpu_rows";
 
 /// `agg` over the single new child in `children` (both forms keep the replaced aggregate
 /// inside and rebuild it when the plan's children change).
@@ -91,6 +104,44 @@ fn with_new_input(
     Ok(Arc::new(agg.clone()))
 }
 
+/// Where the slot aggregation runs (chosen by the rule; shown by `EXPLAIN` as `device=`).
+#[derive(Clone, Debug, Default)]
+pub enum Placement {
+    /// Batch by batch on the CPU.
+    #[default]
+    Cpu,
+    /// The whole input looked up and aggregated on the GPU (see `gpu`); falls back to the
+    /// CPU with a notice when the GPU fails.
+    #[cfg(feature = "cuda")]
+    Gpu(Arc<gpu::GpuAggregation>),
+}
+
+impl Placement {
+    /// `cpu` or `gpu`.
+    pub fn device_name(&self) -> &'static str {
+        match self {
+            Placement::Cpu => "cpu",
+            #[cfg(feature = "cuda")]
+            Placement::Gpu(_) => "gpu",
+        }
+    }
+
+    /// The GPU placement of `agg` grouped by `key_pos`, or why it has none (unsupported
+    /// aggregates or types, no `cuda` feature). `emulate`: its algorithm runs on the CPU
+    /// (`mphf.gpu_emulation`, for testing without a GPU).
+    pub fn gpu_for(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Placement, String> {
+        #[cfg(feature = "cuda")]
+        {
+            gpu::GpuAggregation::try_new(agg, key_pos, emulate).map(|g| Placement::Gpu(Arc::new(g)))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (agg, key_pos, emulate);
+            Err("built without the `cuda` feature".into())
+        }
+    }
+}
+
 /// An aggregation whose group indices are MPHF slots (see the module docs).
 #[derive(Debug)]
 pub struct MphfAggregateExec {
@@ -100,6 +151,8 @@ pub struct MphfAggregateExec {
     index: Arc<IndexHandle>,
     /// Position of the indexed key among the group expressions (the others depend on it).
     key_pos: usize,
+    /// CPU or GPU.
+    placement: Placement,
     /// Execution metrics.
     metrics: ExecutionPlanMetricsSet,
 }
@@ -112,8 +165,20 @@ impl MphfAggregateExec {
             agg,
             index,
             key_pos,
+            placement: Placement::Cpu,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// The same node running on `placement`.
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Where it runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// The replaced aggregate.
@@ -162,13 +227,15 @@ impl DisplayAs for MphfAggregateExec {
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "mode={}", self.mode_name())?;
+                writeln!(f, "device={}", self.placement.device_name())?;
                 writeln!(f, "index={}.{}", info.table, info.column)?;
                 write!(f, "gby=[{}]", gby.join(", "))
             }
             _ => write!(
                 f,
-                "MphfAggregateExec: mode={}, index={}.{}, gby=[{}], aggr=[{}]",
+                "MphfAggregateExec: mode={}, device={}, index={}.{}, gby=[{}], aggr=[{}]",
                 self.mode_name(),
+                self.placement.device_name(),
                 info.table,
                 info.column,
                 gby.join(", "),
@@ -216,7 +283,9 @@ impl ExecutionPlan for MphfAggregateExec {
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let agg = with_new_input(&self.agg, children, options)?;
-        Ok(Arc::new(Self::new(agg, Arc::clone(&self.index), self.key_pos)))
+        Ok(Arc::new(
+            Self::new(agg, Arc::clone(&self.index), self.key_pos).with_placement(self.placement.clone()),
+        ))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {

@@ -31,6 +31,15 @@
 //! - Several group expressions: one of them must be an indexed column on which all the others
 //!   depend (see [`lineage`](super::lineage)); the first such column is the key.
 //!
+//! # Device (`mphf.aggregate_device`, shown as `device=` in EXPLAIN)
+//! `gpu` places every supported aggregation on the GPU (see `aggregate::gpu`: one key column,
+//! count/sum/min/max/avg over integer, float and decimal columns); `auto` does so when a GPU is
+//! usable, the input is estimated at [`GPU_MIN_ROWS`] rows or more and at
+//! [`GPU_MIN_ROWS_PER_SLOT`] rows per slot; `cpu` never. A GPU-placed node skips the CPU
+//! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
+//! loss); in the per-partition form it keeps the slot-entries limit, since every partition
+//! still emits its own per-slot states.
+//!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
 use std::sync::Arc;
@@ -38,7 +47,7 @@ use std::sync::Arc;
 use ::datafusion::arrow::datatypes::DataType;
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use ::datafusion::common::Result;
+use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
@@ -49,9 +58,10 @@ use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::lineage::{depends_on_key, estimated_rows};
-use super::{MphfAggregateExec, MphfMergedAggregateExec};
+use super::{MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
+use crate::device::Device;
 
 /// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
 /// hash aggregation.
@@ -68,6 +78,47 @@ pub struct Costing {
     pub max_slot_entries_per_row: f64,
     /// Several group expressions need a proof that the others depend on the indexed one.
     pub require_dependence: bool,
+    /// `mphf.aggregate_device`.
+    pub device: Device,
+    /// `mphf.aggregate_gpu_min_rows`: smallest estimated input for `Device::Auto` to pick the GPU.
+    pub gpu_min_rows: u64,
+    /// `mphf.gpu_emulation`: the GPU placement's algorithm runs on the CPU.
+    pub gpu_emulation: bool,
+}
+
+/// Default of `mphf.aggregate_gpu_min_rows`. Measured on the H200 host against our CPU
+/// operator on its 16 cores (benches/RESULTS-gpu.md, "The GROUP BY operator on the GPU"): at
+/// 1.8·10^6 rows (SF 0.3) the GPU lost on clustered keys (0.57–0.84× of the CPU operator's
+/// speed), at 6·10^6 (SF 1) it was on par (0.7–1.4×, noise), at 6·10^7 (SF 10) 1.4–3×.
+pub const GPU_MIN_ROWS: u64 = 1 << 22;
+
+/// `Device::Auto` also needs this many input rows per slot: with about one row per group
+/// (GROUP BY o_orderkey) the per-slot results and their merge cost as much as the rows, and the
+/// GPU measured 0.82–0.85× of the hash aggregation at SF 1 and 10.
+pub const GPU_MIN_ROWS_PER_SLOT: f64 = 2.0;
+
+/// The GPU placement of `agg` (grouped by `key_pos`, an index of `slots` slots) when the
+/// session's device choice and the input's size call for it and its aggregates run there.
+fn gpu_placement(
+    agg: &AggregateExec,
+    key_pos: usize,
+    key_is_slot: bool,
+    slots: u64,
+    costing: &Costing,
+) -> Option<Placement> {
+    let wanted = match costing.device {
+        Device::Cpu => false,
+        Device::Gpu => true,
+        Device::Auto => {
+            estimated_rows(agg.input())
+                .is_some_and(|rows| rows >= costing.gpu_min_rows as f64 && rows >= GPU_MIN_ROWS_PER_SLOT * slots as f64)
+                && crate::device::gpu_usable().is_ok()
+        }
+    };
+    if !wanted || key_is_slot {
+        return None;
+    }
+    Placement::gpu_for(agg, key_pos, costing.gpu_emulation).ok()
 }
 
 /// The physical optimizer rule installing [`MphfAggregateExec`].
@@ -81,8 +132,10 @@ impl MphfAggregateRule {
     }
 }
 
-/// `Some(exec)` when `agg` can run on slots; `Ok(None)` (quiet fallback) otherwise.
-pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<Option<MphfAggregateExec>> {
+/// `Some(exec)` when `agg` can run on slots; `Ok(None)` (quiet fallback) otherwise. `merge`:
+/// the node is meant for the SlotMerge form (on the GPU: one partial for all input partitions,
+/// so no per-partition slot arrays to cost).
+pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool) -> Result<Option<MphfAggregateExec>> {
     // Partial, Single and SinglePartitioned read raw rows; Final modes merge states of possibly
     // different keys per partition and stay DataFusion's; PartialReduce is left alone.
     if !matches!(
@@ -109,6 +162,19 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     };
     let index = handle.index();
     let slots = index.len();
+    let slot_entries_fit = |limit: f64| {
+        estimated_rows(agg.input()).is_none_or(|rows| {
+            let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
+            partitions * slots as f64 <= rows * limit
+        })
+    };
+    // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
+    if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing) {
+        if merge || slot_entries_fit(costing.max_slot_entries_per_row) {
+            let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
+            return Ok(Some(exec));
+        }
+    }
     if slots < costing.min_slots {
         return Ok(None);
     }
@@ -119,11 +185,8 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing) -> Result<O
     {
         return Ok(None);
     }
-    if let Some(rows) = estimated_rows(agg.input()) {
-        let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
-        if partitions * slots as f64 > rows * costing.max_slot_entries_per_row {
-            return Ok(None);
-        }
+    if !slot_entries_fit(costing.max_slot_entries_per_row) {
+        return Ok(None);
     }
     Ok(Some(MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos)))
 }
@@ -172,7 +235,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
                 return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
             }
         }
-        match try_as_mphf_aggregate(agg, costing)? {
+        match try_as_mphf_aggregate(agg, costing, merge)? {
             Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
             None => Ok(Transformed::no(node)),
         }
@@ -209,13 +272,16 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         return None;
     }
     let outputs = agg.properties().output_partitioning().partition_count();
-    Some(MphfMergedAggregateExec::new(
-        Arc::clone(partial.aggregate()),
-        Arc::new(agg.clone()),
-        Arc::clone(partial.index()),
-        partial.key_pos(),
-        outputs,
-    ))
+    Some(
+        MphfMergedAggregateExec::new(
+            Arc::clone(partial.aggregate()),
+            Arc::new(agg.clone()),
+            Arc::clone(partial.index()),
+            partial.key_pos(),
+            outputs,
+        )
+        .with_placement(partial.placement().clone()),
+    )
 }
 
 impl PhysicalOptimizerRule for MphfAggregateRule {
@@ -231,6 +297,11 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             min_rows_per_run: cfg.aggregate_min_rows_per_run,
             max_slot_entries_per_row: cfg.aggregate_max_slot_entries_per_row,
             require_dependence: cfg.aggregate_require_dependence,
+            device: cfg
+                .aggregate_device()
+                .map_err(|e| DataFusionError::Configuration(format!("mphf.aggregate_device: {e}")))?,
+            gpu_min_rows: cfg.aggregate_gpu_min_rows,
+            gpu_emulation: cfg.gpu_emulation,
         };
         let merged = rewrite(Arc::clone(&plan), true, &costing)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above

@@ -7,7 +7,8 @@
 //!   start -> Reading -+-- input exhausted --> Emitting(batch, offset) -- all sliced --> Done
 //! ```
 //!
-//! Accumulation is [`SlotGroups`]. Memory: its size is kept reserved in the memory pool after
+//! Accumulation is [`SlotGroups`]. On the GPU placement, `Reading` only buffers the batches
+//! and the whole partition is aggregated on the device when the input is exhausted. Memory: its size is kept reserved in the memory pool after
 //! every batch (`try_resize`: a pool that is too small fails the query with DataFusion's
 //! resources-exhausted error).
 
@@ -49,6 +50,12 @@ pub(super) struct MphfAggregateStream {
     reservation: MemoryReservation,
     state: State,
     baseline: BaselineMetrics,
+    /// GPU placement: the aggregation and the input batches buffered for it (it runs once the
+    /// input is exhausted).
+    #[cfg(feature = "cuda")]
+    gpu: Option<(Arc<super::gpu::GpuAggregation>, Vec<RecordBatch>, usize)>,
+    #[cfg(feature = "cuda")]
+    index: Arc<crate::datafusion::registry::IndexHandle>,
 }
 
 impl MphfAggregateStream {
@@ -79,11 +86,25 @@ impl MphfAggregateStream {
             reservation,
             state: State::Reading,
             baseline: BaselineMetrics::new(metrics, partition),
+            #[cfg(feature = "cuda")]
+            gpu: match exec.placement() {
+                super::Placement::Gpu(g) => Some((Arc::clone(g), Vec::new(), 0)),
+                super::Placement::Cpu => None,
+            },
+            #[cfg(feature = "cuda")]
+            index: Arc::clone(exec.index()),
         })
     }
 
     /// Accumulates one input batch.
     fn accumulate(&mut self, batch: &RecordBatch) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some((_, buffered, bytes)) = &mut self.gpu {
+            *bytes += batch.get_array_memory_size();
+            self.reservation.try_resize(*bytes)?;
+            buffered.push(batch.clone());
+            return Ok(());
+        }
         self.groups.accumulate(batch)?;
         self.reservation.try_resize(self.groups.size())?;
         Ok(())
@@ -91,6 +112,10 @@ impl MphfAggregateStream {
 
     /// Builds the single result batch (touched slots in slot order, then fallback groups).
     fn emit(&mut self) -> Result<RecordBatch> {
+        #[cfg(feature = "cuda")]
+        if let Some((gpu, batches, _)) = self.gpu.take() {
+            super::gpu::aggregate_into(&mut self.groups, &gpu, &self.index, &batches)?;
+        }
         let batch = self.groups.emit(&self.schema, self.final_output)?;
         self.reservation.resize(batch.get_array_memory_size());
         Ok(batch)

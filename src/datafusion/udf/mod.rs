@@ -2,4 +2,4 @@
 
 pub mod mphf_index;
 
-pub use mphf_index::MphfIndexFunc;
+pub use mphf_index::{MphfIndexFunc, GPU_LOOKUP_MIN_ROWS};

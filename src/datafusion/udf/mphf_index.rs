@@ -42,13 +42,66 @@ use ::datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
 };
 
+use crate::datafusion::config::MphfConfig;
 use crate::datafusion::error::to_df;
 use crate::datafusion::registry::{
     index_id_of_field, resolve_index, IndexHandle, MphfRegistry, INDEX_METADATA_KEY, SLOT_METADATA_KEY,
 };
+use crate::device::Device;
 
 /// SQL name of the function.
 pub const MPHF_INDEX_NAME: &str = "mphf_index";
+
+/// Default of `mphf.lookup_gpu_min_rows`: smallest batch that `lookup_device = auto` sends to
+/// the GPU. Measured on the H200 host (benches/RESULTS-gpu.md, "mphf_index on the GPU"): one
+/// batch costs the GPU 70–150 µs end to end below 32 Ki rows and about 7 ns a row beyond, one
+/// CPU core 1–3 ns a row (table order) to 10 ns (scattered); partitions run on all cores at once
+/// while GPU calls queue on one stream, so only batches of millions of rows can pay off.
+pub const GPU_LOOKUP_MIN_ROWS: u64 = 1 << 22;
+
+/// Slots of `array` in `handle`'s index, on the device the session's `mphf.lookup_device`
+/// chooses (the GPU answers exactly as the CPU; a GPU failure falls back to the CPU with a
+/// one-line notice).
+fn lookup_on_device(
+    handle: &IndexHandle,
+    array: &dyn ::datafusion::arrow::array::Array,
+    config: &::datafusion::common::config::ConfigOptions,
+) -> Result<::datafusion::arrow::array::ArrayRef> {
+    let (device, min_rows) = match config.extensions.get::<MphfConfig>() {
+        Some(c) => (
+            c.lookup_device().map_err(|e| {
+                ::datafusion::common::DataFusionError::Configuration(format!("mphf.lookup_device: {e}"))
+            })?,
+            c.lookup_gpu_min_rows,
+        ),
+        None => (Device::Auto, GPU_LOOKUP_MIN_ROWS),
+    };
+    let on_gpu = match device {
+        Device::Cpu => false,
+        Device::Gpu => true,
+        Device::Auto => array.len() as u64 >= min_rows && crate::device::gpu_usable().is_ok(),
+    };
+    #[cfg(feature = "cuda")]
+    if on_gpu {
+        match handle.gpu_index().and_then(|g| g.lookup(array)) {
+            Ok(slots) => return Ok(slots),
+            Err(why) => notice_cpu_lookup(&why),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    if on_gpu {
+        notice_cpu_lookup("built without the `cuda` feature");
+    }
+    handle.index().lookup(array).map_err(to_df)
+}
+
+/// Prints the CPU-fallback notice of `mphf_index` (once per process).
+fn notice_cpu_lookup(why: &str) {
+    static PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !PRINTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("mphf: GPU lookup unavailable ({why}); looking up on the CPU");
+    }
+}
 
 /// The `mphf_index(col)` / `mphf_index('name', expr)` scalar function.
 ///
@@ -203,7 +256,9 @@ impl ScalarUDFImpl for MphfIndexFunc {
         };
         let index = handle.index();
         let out = match arg {
-            ColumnarValue::Array(array) => ColumnarValue::Array(index.lookup(array.as_ref()).map_err(to_df)?),
+            ColumnarValue::Array(array) => {
+                ColumnarValue::Array(lookup_on_device(&handle, array.as_ref(), &args.config_options)?)
+            }
             ColumnarValue::Scalar(scalar) => {
                 let array = scalar.to_array_of_size(1)?;
                 let slots = index.lookup(array.as_ref()).map_err(to_df)?;

@@ -1,0 +1,529 @@
+//! The GPU placement of the slot aggregation (issue 7): a whole input is looked up and
+//! aggregated on the GPU ([`GpuIndex`], [`GpuGroupBy`]), and the per-slot results become the
+//! *state* arrays of DataFusion's own accumulators, merged with `merge_batch`.
+//!
+//! # Why states
+//! Results must equal the CPU operator's and vanilla DataFusion's. Producing the accumulators'
+//! states (instead of final values) lets everything after the aggregation stay as it is: the
+//! per-partition form merges them into its [`SlotGroups`](super::groups::SlotGroups) and emits
+//! as usual, the SlotMerge form hands them to its slot-range merge as one more partial, and
+//! `Partial` / `Single` modes, `avg`'s division and the output types remain DataFusion's.
+//!
+//! # What runs here ([`GpuAggregation::try_new`] decides at plan time)
+//! One indexed key column (no dependent group columns, not `mphf_index` slots), and only
+//! `count(*)`, `count(x)`, `sum(x)`, `min(x)`, `max(x)`, `avg(x)` without `DISTINCT`, over
+//! Int8–Int64, UInt8–UInt32, Float32/Float64 and Decimal128 arguments (decimals when their
+//! unscaled values sum to less than 2^63 in absolute value, checked at run time), whose state
+//! fields have the types the GPU results map to exactly. Anything else stays on the CPU.
+//!
+//! # Invariants
+//! - Counts, integer and decimal results are exact; f64 sums equal the CPU's to rounding (the
+//!   GPU adds in an order fixed by its atomics; see [`crate::gpu::groupby`]).
+//! - Rows whose key is NULL are not taken from the GPU: the caller aggregates them on the CPU
+//!   (the NULL group). If any non-NULL key is absent from the index (a stale index), the GPU
+//!   result is dropped and the caller aggregates the whole input on the CPU, so every distinct
+//!   key still forms exactly one group.
+//! - A GPU failure is `Err(String)`: the caller prints one notice and aggregates on the CPU.
+//! - One GPU aggregation at a time per process (they share the context's stream).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ::datafusion::arrow::array::{
+    make_array, Array, ArrayData, ArrayRef, Decimal128Array, Float64Array, Int64Array, RecordBatch, UInt64Array,
+};
+use ::datafusion::arrow::buffer::{Buffer, NullBuffer};
+use ::datafusion::arrow::compute::{cast, concat, filter_record_batch, is_null};
+use ::datafusion::arrow::datatypes::DataType;
+use ::datafusion::arrow::error::ArrowError;
+use ::datafusion::common::Result;
+use ::datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use ::datafusion::physical_expr::expressions::Literal;
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::aggregates::AggregateExec;
+
+use super::groups::{SlotGroups, SlotMetrics};
+use crate::datafusion::registry::IndexHandle;
+use crate::gpu::groupby::{aggregate_cpu, ColumnResult, GroupByOptions, GroupByResult, Values};
+use crate::gpu::query::Combine;
+use crate::gpu::{AggOp, GpuGroupBy};
+use rayon::prelude::*;
+
+/// Serializes GPU aggregations (one stream per process).
+static GPU_AGGREGATION: Mutex<()> = Mutex::new(());
+/// The CPU-fallback notice is printed once per process.
+static NOTICE_PRINTED: AtomicBool = AtomicBool::new(false);
+
+/// What one state field of an aggregate holds, per group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quantity {
+    /// count(*).
+    Rows,
+    /// Non-NULL values of the aggregate's column.
+    NonNull,
+    /// Sum of the column.
+    Sum,
+    /// Minimum of the column.
+    Min,
+    /// Maximum of the column.
+    Max,
+}
+
+/// One aggregate: its value column (index into `columns`, none for count(*)) and its state fields.
+#[derive(Debug)]
+struct GpuAggregate {
+    column: Option<usize>,
+    states: Vec<(Quantity, DataType)>,
+}
+
+/// The aggregates of one `AggregateExec`, as they run on the GPU.
+#[derive(Debug)]
+pub struct GpuAggregation {
+    /// The indexed key expression.
+    key: Arc<dyn PhysicalExpr>,
+    /// Distinct argument expressions and the GPU operations each needs.
+    columns: Vec<(Arc<dyn PhysicalExpr>, Vec<AggOp>)>,
+    aggs: Vec<GpuAggregate>,
+    /// Run the placement's algorithm on the CPU instead (`mphf.gpu_emulation`).
+    emulate: bool,
+}
+
+/// The GPU's answer for one input: the touched slots (ascending) and, per aggregate in order,
+/// its state arrays (one row per touched slot).
+pub(super) struct SlotStates {
+    pub slots: Vec<usize>,
+    pub states: Vec<ArrayRef>,
+    /// Number of state arrays of each aggregate.
+    pub widths: Vec<usize>,
+    /// Input rows whose key was not NULL (the ones these states cover).
+    pub rows: usize,
+    /// Host preparation (evaluating and concatenating the columns), device work (copies,
+    /// lookup, aggregation, results back), and building the states.
+    pub timings: [Duration; 3],
+}
+
+impl SlotStates {
+    /// Adds this run's rows and phase times to `metrics`.
+    pub(super) fn record(&self, metrics: &SlotMetrics) {
+        metrics.input_rows.add(self.rows);
+        metrics.gpu_rows.add(self.rows);
+        metrics.gpu_prepare_time.add_duration(self.timings[0]);
+        metrics.gpu_device_time.add_duration(self.timings[1]);
+        metrics.gpu_states_time.add_duration(self.timings[2]);
+    }
+}
+
+/// Whether a column of `dt` is aggregated as integers (true) or floats (false) on the GPU.
+fn integer_kind(dt: &DataType) -> Option<bool> {
+    match dt {
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::Decimal128(_, _) => Some(true),
+        DataType::Float32 | DataType::Float64 => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether a state field of type `dt` can hold `q` computed over a column of integer kind
+/// `integer` exactly.
+fn state_type_fits(q: Quantity, dt: &DataType, integer: bool) -> bool {
+    match q {
+        Quantity::Rows | Quantity::NonNull => matches!(dt, DataType::Int64 | DataType::UInt64),
+        Quantity::Sum | Quantity::Min | Quantity::Max if integer => {
+            matches!(
+                dt,
+                DataType::Int8
+                    | DataType::Int16
+                    | DataType::Int32
+                    | DataType::Int64
+                    | DataType::UInt8
+                    | DataType::UInt16
+                    | DataType::UInt32
+                    | DataType::UInt64
+                    | DataType::Decimal128(_, _)
+                    | DataType::Float64
+            )
+        }
+        Quantity::Sum | Quantity::Min | Quantity::Max => matches!(dt, DataType::Float32 | DataType::Float64),
+    }
+}
+
+impl GpuAggregation {
+    /// The GPU form of `agg` grouped by its group expression `key_pos`, or why it has none.
+    pub fn try_new(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Self, String> {
+        let groups = agg.group_expr().expr();
+        if groups.len() != 1 {
+            return Err("several group columns".into());
+        }
+        let key = Arc::clone(&groups[key_pos].0);
+        let schema = agg.input_schema();
+        let mut columns: Vec<(Arc<dyn PhysicalExpr>, Vec<AggOp>)> = Vec::new();
+        let mut aggs = Vec::new();
+        for a in agg.aggr_expr() {
+            aggs.push(Self::aggregate(a, &schema, &mut columns)?);
+        }
+        Ok(Self {
+            key,
+            columns,
+            aggs,
+            emulate,
+        })
+    }
+
+    /// One aggregate's GPU form; adds its column (deduplicated by expression) to `columns`.
+    fn aggregate(
+        a: &AggregateFunctionExpr,
+        schema: &::datafusion::arrow::datatypes::Schema,
+        columns: &mut Vec<(Arc<dyn PhysicalExpr>, Vec<AggOp>)>,
+    ) -> std::result::Result<GpuAggregate, String> {
+        let name = a.fun().name().to_ascii_lowercase();
+        if a.is_distinct() {
+            return Err(format!("{name}(DISTINCT ...)"));
+        }
+        let [arg] = a
+            .expressions()
+            .try_into()
+            .map_err(|_| format!("{name} with several arguments"))?;
+        let state_fields = a.state_fields().map_err(|e| e.to_string())?;
+        let literal = arg.downcast_ref::<Literal>().map(|l| !l.value().is_null());
+        let (quantities, op): (Vec<Quantity>, Option<AggOp>) = match (name.as_str(), literal) {
+            ("count", Some(true)) => (vec![Quantity::Rows], None),
+            ("count", None) => (vec![Quantity::NonNull], Some(AggOp::Count)),
+            ("sum", None) => (vec![Quantity::Sum], Some(AggOp::Sum)),
+            ("min", None) => (vec![Quantity::Min], Some(AggOp::Min)),
+            ("max", None) => (vec![Quantity::Max], Some(AggOp::Max)),
+            ("avg", None) => (vec![Quantity::NonNull, Quantity::Sum], Some(AggOp::Avg)),
+            _ => return Err(format!("aggregate {}", a.name())),
+        };
+        if quantities.len() != state_fields.len() {
+            return Err(format!("{} has {} state fields", a.name(), state_fields.len()));
+        }
+        let integer = match op {
+            None => true,
+            Some(_) => {
+                let dt = arg.data_type(schema).map_err(|e| e.to_string())?;
+                integer_kind(&dt).ok_or_else(|| format!("{} over {dt}", a.name()))?
+            }
+        };
+        let mut states = Vec::with_capacity(quantities.len());
+        for (q, f) in quantities.into_iter().zip(&state_fields) {
+            if !state_type_fits(q, f.data_type(), integer) {
+                return Err(format!("{} with a {} state", a.name(), f.data_type()));
+            }
+            states.push((q, f.data_type().clone()));
+        }
+        let column = op.map(|op| {
+            let text = arg.to_string();
+            let pos = match columns.iter().position(|(e, _)| e.to_string() == text) {
+                Some(p) => p,
+                None => {
+                    columns.push((Arc::clone(&arg), Vec::new()));
+                    columns.len() - 1
+                }
+            };
+            if !columns[pos].1.contains(&op) {
+                columns[pos].1.push(op);
+            }
+            pos
+        });
+        Ok(GpuAggregate { column, states })
+    }
+
+    /// The key column of `batch`.
+    pub(super) fn key_column(&self, batch: &RecordBatch) -> Result<ArrayRef> {
+        self.key.evaluate(batch)?.into_array(batch.num_rows())
+    }
+
+    /// The rows of `batches` whose key is NULL (the CPU aggregates them).
+    pub(super) fn null_key_rows(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for b in batches {
+            let key = self.key_column(b)?;
+            if key.logical_null_count() > 0 {
+                out.push(filter_record_batch(b, &is_null(key.as_ref())?)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Looks up and aggregates `batches` on the GPU. `Ok(None)`: some non-NULL key is not in
+    /// the index (aggregate on the CPU instead). `Err`: the GPU failed.
+    pub(super) fn run(
+        &self,
+        index: &IndexHandle,
+        batches: &[RecordBatch],
+    ) -> std::result::Result<Option<SlotStates>, String> {
+        let df = |e: ::datafusion::common::DataFusionError| e.to_string();
+        let evaluate = |expr: &Arc<dyn PhysicalExpr>| -> std::result::Result<Vec<ArrayRef>, String> {
+            batches
+                .iter()
+                .map(|b| expr.evaluate(b).and_then(|v| v.into_array(b.num_rows())))
+                .collect::<Result<Vec<_>>>()
+                .map_err(df)
+        };
+        let started = Instant::now();
+        let keys = evaluate(&self.key)?;
+        let rows: usize = keys.iter().map(|k| k.len()).sum();
+        let null_keys: usize = keys.iter().map(|k| k.logical_null_count()).sum();
+        if rows == null_keys {
+            return Ok(Some(SlotStates {
+                slots: Vec::new(),
+                states: self.empty_states(),
+                widths: self.widths(),
+                rows: 0,
+                timings: Default::default(),
+            }));
+        }
+        let values = self
+            .columns
+            .iter()
+            .map(|(e, _)| evaluate(e))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let n_slots = index.index().len();
+        let prepared = Instant::now();
+        let result = if self.emulate {
+            emulate(index, &keys, &values, &self.columns)?
+        } else {
+            on_device(index, &keys, &values, &self.columns)?
+        };
+        let computed = Instant::now();
+        let counts = result.rows.as_ref().ok_or("the GPU returned no row counts")?;
+        // Group G holds NULL keys and absent keys alike: more rows than NULL keys = absent keys.
+        if counts[n_slots as usize] as usize > null_keys {
+            return Ok(None);
+        }
+        let touched: Vec<usize> = (0..n_slots as usize)
+            .into_par_iter()
+            .filter(|&s| counts[s] > 0)
+            .collect();
+        let mut states = Vec::new();
+        for a in &self.aggs {
+            let column = a.column.map(|c| &result.columns[c]);
+            for (q, dt) in &a.states {
+                states.push(state_array(*q, dt, counts, column, &touched)?);
+            }
+        }
+        Ok(Some(SlotStates {
+            slots: touched,
+            states,
+            widths: self.widths(),
+            rows: rows - null_keys,
+            timings: [prepared - started, computed - prepared, computed.elapsed()],
+        }))
+    }
+
+    /// Number of state arrays of each aggregate.
+    fn widths(&self) -> Vec<usize> {
+        self.aggs.iter().map(|a| a.states.len()).collect()
+    }
+
+    /// Zero-row state arrays of every aggregate.
+    fn empty_states(&self) -> Vec<ArrayRef> {
+        self.aggs
+            .iter()
+            .flat_map(|a| {
+                a.states
+                    .iter()
+                    .map(|(_, dt)| ::datafusion::arrow::array::new_empty_array(dt))
+            })
+            .collect()
+    }
+}
+
+/// `parts` as one array. Primitive arrays without NULLs are copied into place on all cores
+/// (an SF 10 key column is 480 MB); others go through Arrow's `concat`.
+fn concat_parallel(parts: &[ArrayRef]) -> std::result::Result<ArrayRef, ArrowError> {
+    if let [one] = parts {
+        return Ok(Arc::clone(one));
+    }
+    let Some(first) = parts.first() else {
+        return Err(ArrowError::InvalidArgumentError("no batches to concatenate".into()));
+    };
+    let dt = first.data_type();
+    let width = dt.primitive_width();
+    let plain = |a: &ArrayRef| a.data_type() == dt && a.logical_null_count() == 0 && a.to_data().buffers().len() == 1;
+    let Some(width) = width.filter(|_| parts.iter().all(plain)) else {
+        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        return concat(&refs);
+    };
+    let total: usize = parts.iter().map(|a| a.len()).sum();
+    let mut bytes = vec![0u8; total * width];
+    let mut pieces = Vec::with_capacity(parts.len());
+    let mut rest = bytes.as_mut_slice();
+    for a in parts {
+        let (head, tail) = rest.split_at_mut(a.len() * width);
+        pieces.push((a, head));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(a, out)| {
+        let data = a.to_data();
+        let start = data.offset() * width;
+        out.copy_from_slice(&data.buffers()[0].as_slice()[start..start + out.len()]);
+    });
+    let data = ArrayData::builder(dt.clone())
+        .len(total)
+        .add_buffer(Buffer::from_vec(bytes))
+        .build()?;
+    Ok(make_array(data))
+}
+
+/// Borrowed views of array parts.
+fn views(parts: &[ArrayRef]) -> Vec<&dyn Array> {
+    parts.iter().map(|a| a.as_ref()).collect()
+}
+
+/// Looks `keys` up and aggregates `values` (each given as the parts of the input's batches) on
+/// the GPU, one aggregation at a time.
+fn on_device(
+    index: &IndexHandle,
+    keys: &[ArrayRef],
+    values: &[Vec<ArrayRef>],
+    columns: &[(Arc<dyn PhysicalExpr>, Vec<AggOp>)],
+) -> std::result::Result<GroupByResult, String> {
+    let _one_at_a_time = GPU_AGGREGATION.lock().unwrap_or_else(|e| e.into_inner());
+    let gpu_index = index.gpu_index()?;
+    let ctx = Arc::clone(gpu_index.context());
+    let probe = gpu_index.upload_parts(&views(keys))?;
+    let slots = gpu_index.lookup_device(&probe, Combine::Auto)?;
+    let group_by = GpuGroupBy::with_context(Arc::clone(&ctx), index.index().len())?;
+    let device_columns = values
+        .iter()
+        .map(|v| group_by.upload_column_parts(&views(v)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let spec: Vec<_> = device_columns
+        .iter()
+        .zip(columns)
+        .map(|(d, (_, ops))| (d, ops.as_slice()))
+        .collect();
+    let rows = probe.len();
+    let plan = group_by.plan(&slots, rows, true, &spec, GroupByOptions::default())?;
+    group_by.run(&slots, rows, true, &spec, &plan)?.download(&ctx)
+}
+
+/// The same computation on the CPU (`mphf.gpu_emulation`): slots from the CPU lookup, then
+/// [`aggregate_cpu`], the GPU kernels' reference. Everything after it is the GPU placement's.
+fn emulate(
+    index: &IndexHandle,
+    keys: &[ArrayRef],
+    values: &[Vec<ArrayRef>],
+    columns: &[(Arc<dyn PhysicalExpr>, Vec<AggOp>)],
+) -> std::result::Result<GroupByResult, String> {
+    let keys = concat_parallel(keys).map_err(|e| e.to_string())?;
+    let values = values
+        .iter()
+        .map(|v| concat_parallel(v))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut slots = Vec::new();
+    index
+        .index()
+        .lookup_slots(keys.as_ref(), &mut slots)
+        .map_err(|e| e.to_string())?;
+    let slots: Vec<u32> = slots.iter().map(|&s| u32::try_from(s).unwrap_or(u32::MAX)).collect();
+    let spec: Vec<(&dyn Array, &[AggOp])> = values
+        .iter()
+        .zip(columns)
+        .map(|(v, (_, ops))| (v.as_ref(), ops.as_slice()))
+        .collect();
+    aggregate_cpu(&slots, index.index().len(), true, &spec)
+}
+
+/// `f` of every touched slot, on all cores.
+fn gather<T: Send>(touched: &[usize], f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    touched.par_iter().map(|&s| f(s)).collect()
+}
+
+/// The state array of quantity `q` (type `dt`) for the groups `touched`.
+fn state_array(
+    q: Quantity,
+    dt: &DataType,
+    counts: &[u64],
+    column: Option<&ColumnResult>,
+    touched: &[usize],
+) -> std::result::Result<ArrayRef, String> {
+    let counted = |v: &[u64]| -> ArrayRef {
+        if dt == &DataType::UInt64 {
+            Arc::new(UInt64Array::from(gather(touched, |s| v[s])))
+        } else {
+            Arc::new(Int64Array::from(gather(touched, |s| v[s] as i64)))
+        }
+    };
+    let column = match (q, column) {
+        (Quantity::Rows, _) => return Ok(counted(counts)),
+        (_, None) => return Err("a GPU aggregate lost its column".into()),
+        (_, Some(c)) => c,
+    };
+    if q == Quantity::NonNull {
+        return Ok(counted(&column.non_null));
+    }
+    let values = match q {
+        Quantity::Sum => column.sum.as_ref(),
+        Quantity::Min => column.min.as_ref(),
+        _ => column.max.as_ref(),
+    }
+    .ok_or("the GPU skipped an aggregate")?;
+    // Groups without a non-NULL value have a NULL state.
+    let nulls = touched
+        .iter()
+        .any(|&s| column.non_null[s] == 0)
+        .then(|| NullBuffer::from(gather(touched, |s| column.non_null[s] > 0)));
+    let array: ArrayRef = match (values, dt) {
+        (Values::I64(v), DataType::Decimal128(_, _)) => {
+            Arc::new(Decimal128Array::new(gather(touched, |s| v[s] as i128).into(), nulls).with_data_type(dt.clone()))
+        }
+        // Wrapped sums of unsigned columns: the same bits modulo 2^64.
+        (Values::I64(v), DataType::UInt64) => {
+            Arc::new(UInt64Array::new(gather(touched, |s| v[s] as u64).into(), nulls))
+        }
+        (Values::I64(v), DataType::Float64) => {
+            Arc::new(Float64Array::new(gather(touched, |s| v[s] as f64).into(), nulls))
+        }
+        (Values::I64(v), _) => {
+            let wide = Int64Array::new(gather(touched, |s| v[s]).into(), nulls);
+            cast(&wide, dt).map_err(|e| e.to_string())?
+        }
+        (Values::F64(v), _) => {
+            let wide = Float64Array::new(gather(touched, |s| v[s]).into(), nulls);
+            cast(&wide, dt).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(array)
+}
+
+/// Aggregates `batches` into `groups`: on the GPU, then the NULL-key rows on the CPU; the
+/// whole input on the CPU when some key is not in the index or the GPU fails (with a notice).
+pub(super) fn aggregate_into(
+    groups: &mut SlotGroups,
+    gpu: &GpuAggregation,
+    index: &IndexHandle,
+    batches: &[RecordBatch],
+) -> Result<()> {
+    match gpu.run(index, batches) {
+        Ok(Some(states)) => {
+            groups.merge_slot_states(&states)?;
+            for b in gpu.null_key_rows(batches)? {
+                groups.accumulate(&b)?;
+            }
+            return Ok(());
+        }
+        Ok(None) => {}
+        Err(why) => notice_cpu_fallback(&why),
+    }
+    for b in batches {
+        groups.accumulate(b)?;
+    }
+    Ok(())
+}
+
+/// Prints the CPU-fallback notice (once per process).
+pub(super) fn notice_cpu_fallback(why: &str) {
+    if !NOTICE_PRINTED.swap(true, Ordering::Relaxed) {
+        eprintln!("mphf: GPU aggregation unavailable ({why}); aggregating on the CPU");
+    }
+}
