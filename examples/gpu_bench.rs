@@ -10,8 +10,10 @@
 //! (hash, bucket, solve, encode) on the GPU and on the CPU (all cores) for the issue's
 //! configurations and prints a markdown table; a GPU run predicted to exceed `--gpu-cap` seconds
 //! is skipped, a CPU run predicted to exceed `--cap` seconds is made at a smaller n (the table
-//! says so). `--one ℓ,b,rot,n` times one GPU build (set MPHF_GPU_PROFILE=1 for stage times). `--crossover` times small
-//! inputs to place the `auto` threshold.
+//! says so). `--one ℓ,b,rot,n` times one GPU build (set MPHF_GPU_PROFILE=1 for stage times;
+//! MPHF_BENCH_CLI_KEYS=1 uses the keys of `mphf bench build` instead of this harness's: at
+//! (18, 50) with rotation the leaf stage is 2.8× slower on them, see benches/RESULTS-gpu.md).
+//! `--crossover` times small inputs to place the `auto` threshold.
 
 #[path = "../tests/gpu_grid/mod.rs"]
 mod gpu_grid;
@@ -175,7 +177,14 @@ fn main() {
     for &(leaf, bucket, rotation, n) in &o.one {
         let p = Params::try_new(leaf, bucket, rotation).unwrap();
         let _ = timed_build(p, &random_keys(5000, 3), Some(&solver), 1, 1.0);
-        let keys = random_keys(n, 42);
+        // `MPHF_BENCH_CLI_KEYS=1`: the keys of `mphf bench build` (to compare the two harnesses).
+        let keys = if std::env::var_os("MPHF_BENCH_CLI_KEYS").is_some() {
+            (0..n as u64)
+                .map(|i| datafusion_mphf::core::hash::mix64(i ^ datafusion_mphf::core::hash::mix64(42)))
+                .collect()
+        } else {
+            random_keys(n, 42)
+        };
         let (t, s, m) = timed_build(p, &keys, Some(&solver), 1, 1.0);
         println!(
             "ONE ({leaf},{bucket}) rot={rotation} n={n}: total {:.4} µs/key, solve {:.4} µs/key, {:.4} bits/key",

@@ -260,7 +260,10 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 }
 
 /// The accumulator type of a column of type `dt`.
-fn value_kind(dt: &DataType) -> Result<ValueKind, String> {
+///
+/// # Errors
+/// Types the GPU GROUP BY does not aggregate.
+pub fn value_kind(dt: &DataType) -> Result<ValueKind, String> {
     match dt {
         DataType::Int8
         | DataType::Int16

@@ -45,7 +45,7 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 
 use super::groups::{SlotGroups, SlotMetrics};
 use crate::datafusion::registry::IndexHandle;
-use crate::gpu::groupby::{aggregate_cpu, ColumnResult, GroupByOptions, GroupByResult, Values};
+use crate::gpu::groupby::{aggregate_cpu, value_kind, ColumnResult, GroupByOptions, GroupByResult, ValueKind, Values};
 use crate::gpu::query::Combine;
 use crate::gpu::{AggOp, GpuGroupBy};
 use rayon::prelude::*;
@@ -116,41 +116,18 @@ impl SlotStates {
 
 /// Whether a column of `dt` is aggregated as integers (true) or floats (false) on the GPU.
 fn integer_kind(dt: &DataType) -> Option<bool> {
-    match dt {
-        DataType::Int8
-        | DataType::Int16
-        | DataType::Int32
-        | DataType::Int64
-        | DataType::UInt8
-        | DataType::UInt16
-        | DataType::UInt32
-        | DataType::Decimal128(_, _) => Some(true),
-        DataType::Float32 | DataType::Float64 => Some(false),
-        _ => None,
-    }
+    value_kind(dt).ok().map(|k| k == ValueKind::I64)
 }
 
 /// Whether a state field of type `dt` can hold `q` computed over a column of integer kind
-/// `integer` exactly.
+/// `integer` exactly: counts in 64-bit integers; integer results in any integer or decimal type
+/// (cast from i64; an unsigned 64-bit sum takes the wrapped bits) or as Float64 (avg's sum);
+/// float results as floats.
 fn state_type_fits(q: Quantity, dt: &DataType, integer: bool) -> bool {
     match q {
         Quantity::Rows | Quantity::NonNull => matches!(dt, DataType::Int64 | DataType::UInt64),
-        Quantity::Sum | Quantity::Min | Quantity::Max if integer => {
-            matches!(
-                dt,
-                DataType::Int8
-                    | DataType::Int16
-                    | DataType::Int32
-                    | DataType::Int64
-                    | DataType::UInt8
-                    | DataType::UInt16
-                    | DataType::UInt32
-                    | DataType::UInt64
-                    | DataType::Decimal128(_, _)
-                    | DataType::Float64
-            )
-        }
-        Quantity::Sum | Quantity::Min | Quantity::Max => matches!(dt, DataType::Float32 | DataType::Float64),
+        _ if integer => integer_kind(dt) == Some(true) || matches!(dt, DataType::UInt64 | DataType::Float64),
+        _ => integer_kind(dt) == Some(false),
     }
 }
 

@@ -11,6 +11,10 @@
 //!    keys read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
 //!    not in the index) by their row-format key.
 //!
+//! On the GPU placement, step 1 is one partial for all input partitions: their batches are
+//! collected and aggregated on the device in one pass (`gpu`), plus a CPU partial of the rows
+//! whose key is NULL; step 2 is unchanged.
+//!
 //! This replaces DataFusion's repartition by hash and its final hash aggregation: the slot
 //! already says which output partition a group belongs to, and where in it.
 //!
