@@ -193,6 +193,7 @@ fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     mphf_options.join_min_probe_rows_per_run = 0.0;
     mphf_options.aggregate_min_rows_per_run = 0.0;
     mphf_options.aggregate_max_slot_entries_per_row = f64::INFINITY;
+    mphf_options.aggregate_max_slot_entries_per_row_partitioned = f64::INFINITY;
     let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     if name.starts_with("tpch") {

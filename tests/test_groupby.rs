@@ -37,9 +37,11 @@ async fn setup(partitions: usize) -> MphfContext {
     ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
     // `k` is not clustered (one row per run): costing would decline; these tests force the operator.
     ctx.sql("SET mphf.aggregate_min_rows_per_run = 0").await.unwrap();
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 1000")
-        .await
-        .unwrap();
+    for limit in ["", "_partitioned"] {
+        ctx.sql(&format!("SET mphf.aggregate_max_slot_entries_per_row{limit} = 1000"))
+            .await
+            .unwrap();
+    }
     ctx
 }
 
@@ -190,6 +192,7 @@ async fn setup_dependent(partitions: usize) -> MphfContext {
         "CREATE INDEX li_lk ON li USING mphf (lk)",
         // The join estimates are far below the real row counts (50 for the Q18 shape).
         "SET mphf.aggregate_max_slot_entries_per_row = 1000000",
+        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000000",
     ] {
         ctx.sql(sql).await.unwrap();
     }
@@ -281,6 +284,7 @@ async fn tpch_multi_column_group_bys_run_on_slots() {
         "SET mphf.aggregate_min_slots = 0",
         "SET mphf.aggregate_min_rows_per_run = 0",
         "SET mphf.aggregate_max_slot_entries_per_row = 1000",
+        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000",
     ] {
         ctx.sql(sql).await.unwrap();
     }
@@ -428,4 +432,29 @@ async fn metric_sum(ctx: &MphfContext, sql: &str, name: &str) -> usize {
         stack.extend(node.children().into_iter().cloned());
     }
     sum
+}
+
+/// An aggregate whose input is already hash-partitioned on its key (`SinglePartitioned`, after
+/// a partitioned join) is costed with `mphf.aggregate_max_slot_entries_per_row_partitioned`, not
+/// the scan's limit; results equal vanilla's either way.
+#[tokio::test]
+async fn partitioned_input_has_its_own_slot_entries_limit() {
+    let ctx = setup_dependent(16).await;
+    // A partitioned join (as on large tables), so the GROUP BY's input is partitioned on lk.
+    for sql in [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    ] {
+        ctx.sql(sql).await.unwrap();
+    }
+    let sql = DEPENDENT_QUERIES[3].0;
+    let (_, plan) = run(&ctx, sql).await;
+    let line = operator_line(&plan);
+    assert!(line.contains("mode=SinglePartitioned"), "{plan}");
+    // 16 partitions × 6,000 slots per estimated row, far above 0.001 (the scan's limit stays).
+    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row_partitioned = 0.001")
+        .await
+        .unwrap();
+    assert!(!compare(&ctx, sql).await, "{sql}");
+    assert!(compare(&ctx, DEPENDENT_QUERIES[0].0).await);
 }

@@ -25,6 +25,10 @@ extensions_options! {
         /// the input's row count is estimated; beyond it, emitting the partials costs more than
         /// the rows save.
         pub aggregate_max_slot_entries_per_row: f64, default = 4.0
+        /// The same limit for an aggregate whose input is already hash-partitioned on the key
+        /// (`SinglePartitioned`, e.g. after a partitioned join): each partition touches a 1/P
+        /// share of its slot array, at random.
+        pub aggregate_max_slot_entries_per_row_partitioned: f64, default = 1.0
         /// A GROUP BY of several columns runs on the slots of an indexed one only when the
         /// others are proven to depend on it (same row of a unique key, inner equi-joins on
         /// unique keys). false: whenever one is indexed; rows whose other columns disagree
