@@ -94,9 +94,9 @@ pub struct Costing {
 }
 
 /// Default of `mphf.aggregate_gpu_min_rows`. Measured on the H200 host against our CPU
-/// operator on its 16 cores (benches/RESULTS-gpu.md, "The GROUP BY operator on the GPU"): at
-/// 1.8·10^6 rows (SF 0.3) the GPU lost on clustered keys (0.57–0.84× of the CPU operator's
-/// speed), at 6·10^6 (SF 1) it was on par (0.7–1.4×, noise), at 6·10^7 (SF 10) 1.4–3×.
+/// operator on its 16 cores (benches/RESULTS-gpu.md, "The GROUP BY operator and `mphf_index` on
+/// the GPU"): at 1.8·10^6 rows (SF 0.3) the GPU lost on clustered keys (0.57–0.84× of the CPU
+/// operator's speed), at 6·10^6 (SF 1) it was on par (0.92–1.52×), at 6·10^7 (SF 10) 1.4–3.4×.
 pub const GPU_MIN_ROWS: u64 = 1 << 22;
 
 /// `Device::Auto` also needs this many input rows per slot: with about one row per group
