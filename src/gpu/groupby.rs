@@ -47,7 +47,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
-use super::query::concat_validity;
+use super::staging::split_by_lens;
 use super::{kernels, GpuContext};
 
 /// Largest distinct slots per row in the 32-row sample windows for which `Auto` combines lanes
@@ -356,14 +356,10 @@ fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), String> {
 
 /// Widens `pieces` into `out` (their rows in order) on all cores.
 fn widen_pieces(pieces: &[ArrayRef], out: &mut [u64]) -> Result<(), String> {
-    let mut jobs = Vec::with_capacity(pieces.len());
-    let mut rest = out;
-    for p in pieces {
-        let (head, tail) = rest.split_at_mut(p.len());
-        jobs.push((p, head));
-        rest = tail;
-    }
-    jobs.into_par_iter()
+    let (outs, _) = split_by_lens(out, pieces.iter().map(|p| p.len()));
+    pieces
+        .par_iter()
+        .zip(outs)
         .try_for_each(|(p, piece)| widen_into(p.as_ref(), piece))
 }
 
@@ -510,16 +506,7 @@ impl GpuGroupBy {
             check_exact(&pieces)?;
             let rows: usize = parts.iter().map(|p| p.len()).sum();
             let values = self.ctx.upload_staged(rows, |out| widen_pieces(&pieces, out))?;
-            let valid = match concat_validity(parts) {
-                Some(bits) => Some((
-                    self.ctx
-                        .stream()
-                        .clone_htod(&bits)
-                        .map_err(derr("uploading validity"))?,
-                    0,
-                )),
-                None => None,
-            };
+            let valid = self.ctx.upload_validity(parts)?;
             Ok(DeviceColumn {
                 values,
                 valid,

@@ -34,12 +34,13 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanBufferBuilder, UInt32Array, UInt64Array};
+use arrow::array::{Array, ArrayRef, AsArray, UInt32Array, UInt64Array};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::DataType;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
+use super::staging::split_by_lens;
 use super::{kernels, GpuContext};
 use crate::core::column::keys::probe_castable;
 use crate::core::column::{ColumnIndex, KeyType, ABSENT};
@@ -242,23 +243,6 @@ fn raw_values(arr: &dyn Array, width: usize) -> Result<Buffer, String> {
         return Err("values buffer shorter than the array".into());
     }
     Ok(buf.slice_with_length(start, len))
-}
-
-/// The validity of `parts` concatenated as bitmap bytes from bit 0, or `None` when no row is
-/// NULL.
-pub(crate) fn concat_validity(parts: &[&dyn Array]) -> Option<Vec<u8>> {
-    if parts.iter().all(|p| p.logical_null_count() == 0) {
-        return None;
-    }
-    let rows = parts.iter().map(|p| p.len()).sum();
-    let mut bits = BooleanBufferBuilder::new(rows);
-    for p in parts {
-        match p.logical_nulls() {
-            Some(n) => bits.append_buffer(n.inner()),
-            None => bits.append_n(p.len(), true),
-        }
-    }
-    Some(bits.finish().values().to_vec())
 }
 
 /// Row `i` of raw values of kind `kind`, widened to its u64 hashing pattern.
@@ -554,17 +538,8 @@ impl GpuIndex {
             };
             return self.upload_bytes(one.as_deref().unwrap_or(parts[0]));
         };
-        let stream = self.ctx.stream();
         let rows: usize = parts.iter().map(|p| p.len()).sum();
-        let valid = match concat_validity(&parts) {
-            Some(bits) => Some((
-                stream
-                    .clone_htod(bits.as_slice())
-                    .map_err(derr("uploading the validity"))?,
-                0,
-            )),
-            None => None,
-        };
+        let valid = self.ctx.upload_validity(&parts)?;
         let width = (kind & 15) as usize;
         let raws = parts
             .iter()
@@ -580,17 +555,12 @@ impl GpuIndex {
             // SAFETY: a byte view of the exclusively borrowed word slice (u8 has alignment 1 and
             // every bit pattern is valid); it lives no longer than `out`.
             let bytes = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 8) };
-            let mut pieces = Vec::with_capacity(raws.len());
-            let mut rest = &mut bytes[..];
-            for raw in &raws {
-                let (head, tail) = rest.split_at_mut(raw.len());
-                pieces.push((raw, head));
-                rest = tail;
-            }
+            let (pieces, rest) = split_by_lens(bytes, raws.iter().map(|r| r.len()));
             rest.fill(0);
             pieces
                 .into_par_iter()
-                .for_each(|(raw, piece)| piece.copy_from_slice(raw.as_slice()));
+                .zip(&raws)
+                .for_each(|(piece, raw)| piece.copy_from_slice(raw.as_slice()));
             Ok(())
         })?;
         Ok(DeviceProbe {
@@ -605,15 +575,7 @@ impl GpuIndex {
     fn upload_bytes(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
         let stream = self.ctx.stream();
         let rows = probe.len();
-        let valid = match concat_validity(&[probe]) {
-            Some(bits) => Some((
-                stream
-                    .clone_htod(bits.as_slice())
-                    .map_err(derr("uploading the validity"))?,
-                0,
-            )),
-            None => None,
-        };
+        let valid = self.ctx.upload_validity(&[probe])?;
         let (offsets, mut bytes) = pack_bytes(probe)?;
         let seed = self.seed;
         let mut hashes = vec![0u64; 2 * rows.max(1)];

@@ -12,6 +12,7 @@
 
 use std::sync::Mutex;
 
+use arrow::array::{Array, BooleanBufferBuilder};
 use cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use rayon::prelude::*;
@@ -42,7 +43,44 @@ fn ensure(ctx: &GpuContext, slot: &mut Option<PinnedHostSlice<u64>>, words: usiz
     Ok(())
 }
 
+/// `out` cut into consecutive pieces of `lens` elements, and what is left after them (for the
+/// parallel fills of a staging buffer, one piece per part).
+pub(crate) fn split_by_lens<T>(out: &mut [T], lens: impl IntoIterator<Item = usize>) -> (Vec<&mut [T]>, &mut [T]) {
+    let mut pieces = Vec::new();
+    let mut rest = out;
+    for len in lens {
+        let (head, tail) = rest.split_at_mut(len);
+        pieces.push(head);
+        rest = tail;
+    }
+    (pieces, rest)
+}
+
 impl GpuContext {
+    /// The validity of `parts` concatenated into one device bitmap from bit 0 (with its bit
+    /// offset, 0), or `None` when no row is NULL.
+    ///
+    /// # Errors
+    /// Device allocation or copy failures.
+    pub(crate) fn upload_validity(&self, parts: &[&dyn Array]) -> Result<Option<(CudaSlice<u8>, u64)>, String> {
+        if parts.iter().all(|p| p.logical_null_count() == 0) {
+            return Ok(None);
+        }
+        let rows = parts.iter().map(|p| p.len()).sum();
+        let mut bits = BooleanBufferBuilder::new(rows);
+        for p in parts {
+            match p.logical_nulls() {
+                Some(n) => bits.append_buffer(n.inner()),
+                None => bits.append_n(p.len(), true),
+            }
+        }
+        let device = self
+            .stream
+            .clone_htod(bits.finish().values())
+            .map_err(|e| format!("uploading the validity: {e}"))?;
+        Ok(Some((device, 0)))
+    }
+
     /// A new device buffer of `words` u64 written by `fill` through the pinned upload buffer
     /// (`fill` gets exactly `words` words and must write all of them; it may use all cores).
     ///

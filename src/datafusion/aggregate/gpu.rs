@@ -31,12 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::datafusion::arrow::array::{
-    make_array, Array, ArrayData, ArrayRef, Decimal128Array, Float64Array, Int64Array, RecordBatch, UInt64Array,
+    Array, ArrayRef, Decimal128Array, Float64Array, Int64Array, RecordBatch, UInt64Array,
 };
-use ::datafusion::arrow::buffer::{Buffer, NullBuffer};
+use ::datafusion::arrow::buffer::NullBuffer;
 use ::datafusion::arrow::compute::{cast, concat, filter_record_batch, is_null};
 use ::datafusion::arrow::datatypes::DataType;
-use ::datafusion::arrow::error::ArrowError;
 use ::datafusion::common::Result;
 use ::datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use ::datafusion::physical_expr::expressions::Literal;
@@ -98,7 +97,7 @@ pub(super) struct SlotStates {
     pub widths: Vec<usize>,
     /// Input rows whose key was not NULL (the ones these states cover).
     pub rows: usize,
-    /// Host preparation (evaluating and concatenating the columns), device work (copies,
+    /// Host preparation (evaluating the columns per batch), device work (staged copies,
     /// lookup, aggregation, results back), and building the states.
     pub timings: [Duration; 3],
 }
@@ -313,43 +312,6 @@ impl GpuAggregation {
     }
 }
 
-/// `parts` as one array. Primitive arrays without NULLs are copied into place on all cores
-/// (an SF 10 key column is 480 MB); others go through Arrow's `concat`.
-fn concat_parallel(parts: &[ArrayRef]) -> std::result::Result<ArrayRef, ArrowError> {
-    if let [one] = parts {
-        return Ok(Arc::clone(one));
-    }
-    let Some(first) = parts.first() else {
-        return Err(ArrowError::InvalidArgumentError("no batches to concatenate".into()));
-    };
-    let dt = first.data_type();
-    let width = dt.primitive_width();
-    let plain = |a: &ArrayRef| a.data_type() == dt && a.logical_null_count() == 0 && a.to_data().buffers().len() == 1;
-    let Some(width) = width.filter(|_| parts.iter().all(plain)) else {
-        let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-        return concat(&refs);
-    };
-    let total: usize = parts.iter().map(|a| a.len()).sum();
-    let mut bytes = vec![0u8; total * width];
-    let mut pieces = Vec::with_capacity(parts.len());
-    let mut rest = bytes.as_mut_slice();
-    for a in parts {
-        let (head, tail) = rest.split_at_mut(a.len() * width);
-        pieces.push((a, head));
-        rest = tail;
-    }
-    pieces.into_par_iter().for_each(|(a, out)| {
-        let data = a.to_data();
-        let start = data.offset() * width;
-        out.copy_from_slice(&data.buffers()[0].as_slice()[start..start + out.len()]);
-    });
-    let data = ArrayData::builder(dt.clone())
-        .len(total)
-        .add_buffer(Buffer::from_vec(bytes))
-        .build()?;
-    Ok(make_array(data))
-}
-
 /// Borrowed views of array parts.
 fn views(parts: &[ArrayRef]) -> Vec<&dyn Array> {
     parts.iter().map(|a| a.as_ref()).collect()
@@ -391,10 +353,10 @@ fn emulate(
     values: &[Vec<ArrayRef>],
     columns: &[(Arc<dyn PhysicalExpr>, Vec<AggOp>)],
 ) -> std::result::Result<GroupByResult, String> {
-    let keys = concat_parallel(keys).map_err(|e| e.to_string())?;
+    let keys = concat(&views(keys)).map_err(|e| e.to_string())?;
     let values = values
         .iter()
-        .map(|v| concat_parallel(v))
+        .map(|v| concat(&views(v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
     let mut slots = Vec::new();

@@ -60,7 +60,7 @@ pub(super) struct SlotMetrics {
     pub emitting_time: Time,
     /// Rows aggregated by the GPU placement (0 when it ran on the CPU or fell back).
     pub gpu_rows: Count,
-    /// GPU placement: evaluating and concatenating the input columns on the host.
+    /// GPU placement: evaluating the input columns on the host.
     pub gpu_prepare_time: Time,
     /// GPU placement: copies, lookup and aggregation kernels, results back.
     pub gpu_device_time: Time,
