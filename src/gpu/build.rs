@@ -6,8 +6,9 @@
 //! as an `(offset, size, slot)` record, where `slot` is the node's preorder position in the
 //! output (exactly the CPU's descriptor order), and groups the records into stages: high-level
 //! nodes by depth (seed `START_SEEDS[depth]`), then Agg2, Agg1 and leaves. One kernel launch per
-//! non-empty stage, in that order on one stream, so each level sees its keys already
-//! redistributed by the level above. Descriptors are u64 on both sides.
+//! non-empty split stage, in that order on one stream, so each level sees its keys already
+//! redistributed by the level above; the leaf stage runs in passes that give the slow leaves
+//! more warps (`GpuSolver::solve_leaves`, kernels/leaf.cu). Descriptors are u64 on both sides.
 //!
 //! Chunks of consecutive buckets are solved one after another when the device memory would not
 //! hold all keys at once (≈ 32 B per key on the device at worst).
@@ -16,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
 use super::GpuContext;
@@ -295,6 +296,8 @@ impl GpuSolver {
                     (params.leaf as u32, SEED_AGG1)
                 };
                 let magic = (1u64 << 32).div_ceil(unit as u64) as u32;
+                // Keys plus the increment table (allocated whichever variant the module is).
+                let shared = 2 * shared + 8;
                 let cfg = LaunchConfig {
                     grid_dim: (count, 1, 1),
                     block_dim: (SPLIT_THREADS, 1, 1),
@@ -314,21 +317,7 @@ impl GpuSolver {
                 stamp(if stage == STAGE_AGG2 { "agg2" } else { "agg1" }, nodes.len(), &mut t)?;
             } else {
                 debug_assert_eq!(stage, STAGE_LEAF);
-                let cfg = LaunchConfig {
-                    grid_dim: (count.div_ceil(LEAF_WARPS), 1, 1),
-                    block_dim: (32 * LEAF_WARPS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut l = stream.launch_builder(&k.leaf_search);
-                l.arg(&d_keys)
-                    .arg(&d_nodes)
-                    .arg(&count)
-                    .arg(&mut d_out)
-                    .arg(&watchdog)
-                    .arg(&mut d_status);
-                // SAFETY: see the launch invariants above (signature, ranges, shared memory).
-                unsafe { l.launch(cfg) }.map_err(err("launching leaf_search"))?;
-                stamp("leaves", nodes.len(), &mut t)?;
+                self.solve_leaves(k, &d_keys, &d_nodes, count, &mut d_out, &mut d_status, &mut t)?;
             }
         }
         let status = stream.clone_dtoh(&d_status).map_err(err("reading the status"))?;
@@ -344,6 +333,161 @@ impl GpuSolver {
         stamp("download", out.len(), &mut t)?;
         drop(d_keys);
         Ok(())
+    }
+}
+
+impl GpuSolver {
+    /// The leaf stage: passes of `leaf_pass` + `leaf_collect` (kernels/leaf.cu) until every
+    /// leaf has its descriptor. The first pass gives each leaf one warp and a budget of
+    /// [`LEAF_BUDGET`] times its expected work; each later pass spreads the leaves still pending
+    /// over the device's resident warps (at most [`MAX_WARPS_PER_LEAF`] per leaf) and resumes
+    /// where the previous pass stopped, so a few slow leaves no longer set the stage's time.
+    #[allow(clippy::too_many_arguments)]
+    fn solve_leaves(
+        &self,
+        k: &super::Kernels,
+        d_keys: &CudaSlice<u64>,
+        d_nodes: &CudaSlice<GpuNode>,
+        count: u32,
+        d_out: &mut CudaSlice<u64>,
+        d_status: &mut CudaSlice<u32>,
+        t: &mut Instant,
+    ) -> Result<(), String> {
+        fn err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
+            move |e| format!("{what}: {e}")
+        }
+        let stream = &self.ctx.stream;
+        let resident = self.ctx.resident_warps()?.max(LEAF_WARPS);
+        let (first_budget, later_budget) = leaf_budgets();
+        let watchdog = DEFAULT_WATCHDOG;
+        let cap = count as usize;
+        // Work lists (16 bytes per entry: leaf, pad, resume) and the published answers.
+        let mut lists = [
+            stream
+                .alloc_zeros::<u64>(2 * cap)
+                .map_err(err("allocating leaf work lists"))?,
+            stream
+                .alloc_zeros::<u64>(2 * cap)
+                .map_err(err("allocating leaf work lists"))?,
+        ];
+        let mut found = stream.alloc_zeros::<u64>(cap).map_err(err("allocating leaf answers"))?;
+        let mut counters = stream.alloc_zeros::<u32>(2).map_err(err("allocating leaf counters"))?;
+        let mut entries = count;
+        let mut pass = 0usize;
+        while entries > 0 {
+            if pass == MAX_LEAF_PASSES {
+                return Err(format!("the leaf search did not end after {MAX_LEAF_PASSES} passes"));
+            }
+            let warps_per_leaf = if pass == 0 {
+                1
+            } else {
+                (resident / entries).clamp(1, MAX_WARPS_PER_LEAF)
+            };
+            let budget = if pass == 0 { first_budget } else { later_budget };
+            let units = entries as u64 * warps_per_leaf as u64;
+            stream
+                .memset_zeros(&mut found.slice_mut(..entries as usize))
+                .map_err(err("clearing leaf answers"))?;
+            stream
+                .memset_zeros(&mut counters)
+                .map_err(err("clearing leaf counters"))?;
+            let (cur, next) = lists.split_at_mut(1);
+            let (cur, next) = (&cur[0], &mut next[0]);
+            // The first pass reads no list (entry i is leaf i, from round 0): a null pointer.
+            let null = 0u64;
+            let blocks = units.div_ceil(LEAF_WARPS as u64).min((resident / LEAF_WARPS) as u64) as u32;
+            let mut fetch = counters.slice_mut(0..1);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (32 * LEAF_WARPS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = stream.launch_builder(&k.leaf_pass);
+            l.arg(d_keys).arg(d_nodes);
+            if pass == 0 {
+                l.arg(&null);
+            } else {
+                l.arg(cur);
+            }
+            l.arg(&entries)
+                .arg(&warps_per_leaf)
+                .arg(&budget)
+                .arg(&mut found)
+                .arg(&mut fetch)
+                .arg(&watchdog)
+                .arg(&mut *d_status);
+            // SAFETY: the arguments match `leaf_pass` in kernels/leaf.cu; the list (or null in
+            // the first pass, where entry i is leaf i < count) holds `entries` leaves of d_nodes,
+            // whose key ranges lie in d_keys; `found` has `entries` slots.
+            unsafe { l.launch(cfg) }.map_err(err("launching leaf_pass"))?;
+            let mut next_count = counters.slice_mut(1..2);
+            let cfg = LaunchConfig {
+                grid_dim: (entries.div_ceil(256), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut l = stream.launch_builder(&k.leaf_collect);
+            l.arg(d_nodes);
+            if pass == 0 {
+                l.arg(&null);
+            } else {
+                l.arg(cur);
+            }
+            l.arg(&entries)
+                .arg(&warps_per_leaf)
+                .arg(&budget)
+                .arg(&found)
+                .arg(&mut *d_out)
+                .arg(&mut *next)
+                .arg(&mut next_count);
+            // SAFETY: the arguments match `leaf_collect`; every slot of d_nodes lies in d_out,
+            // and `next` holds `count` ≥ `entries` entries.
+            unsafe { l.launch(cfg) }.map_err(err("launching leaf_collect"))?;
+            let status = stream.clone_dtoh(&*d_status).map_err(err("reading the status"))?;
+            if status[0] != 0 {
+                return Err(format!("a leaf search passed the watchdog (status {:#x})", status[0]));
+            }
+            let pending = stream.clone_dtoh(&counters).map_err(err("reading the leaf counters"))?[1];
+            if self.profile {
+                eprintln!(
+                    "gpu: leaf pass {pass}: {entries} leaves × {warps_per_leaf} warps, {pending} pending, {:.2} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+                *t = Instant::now();
+            }
+            entries = pending;
+            lists.swap(0, 1);
+            pass += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Budget of a leaf per warp in the first pass, in multiples of its expected work. About e^-4
+/// ≈ 2% of the leaves run past it.
+pub const LEAF_BUDGET: f32 = 4.0;
+/// Budget per warp in the later passes: smaller, so that a later pass with one warp per leaf
+/// (many pending leaves) ends soon and the next one spreads what is left over more warps.
+pub const LEAF_BUDGET_LATER: f32 = 1.0;
+/// Most warps given to one leaf in a pass.
+pub const MAX_WARPS_PER_LEAF: u32 = 1024;
+/// Passes after which the leaf stage gives up (the watchdog normally ends a hopeless search
+/// first: each pass moves every pending leaf at least one round per warp).
+const MAX_LEAF_PASSES: usize = 1 << 16;
+
+/// The leaf budgets of the first and later passes (`MPHF_GPU_LEAF_BUDGET=FIRST[,LATER]`
+/// overrides them for experiments).
+fn leaf_budgets() -> (f32, f32) {
+    let parsed: Vec<f32> = std::env::var("MPHF_GPU_LEAF_BUDGET")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|v| v.trim().parse::<f32>().ok())
+        .filter(|b| *b > 0.0 && b.is_finite())
+        .collect();
+    match parsed[..] {
+        [first] => (first, LEAF_BUDGET_LATER),
+        [first, later, ..] => (first, later),
+        _ => (LEAF_BUDGET, LEAF_BUDGET_LATER),
     }
 }
 

@@ -59,7 +59,7 @@ pub const GROUPBY_KERNEL_NAMES: [&str; 14] = [
 ];
 
 /// Names of the kernels in every module.
-pub const KERNEL_NAMES: [&str; 3] = ["split_high", "split_agg", "leaf_search"];
+pub const KERNEL_NAMES: [&str; 4] = ["split_high", "split_agg", "leaf_pass", "leaf_collect"];
 
 /// Architecture used when no device says otherwise (the H200's).
 pub const DEFAULT_ARCH: &str = "compute_90";
@@ -202,8 +202,15 @@ pub fn compile_options(leaf: usize, rotation: bool, queue: bool, arch: &str) -> 
         format!("-DROTATION={}", rotation as u8),
         format!("-DLEAF_SEED={SEED_LEAF:#x}ULL"),
         format!("-DROT_QUEUE={}", queue as u8),
+        format!("-DAGG_TABLE={}", agg_table() as u8),
         "-std=c++17".to_string(),
     ]
+}
+
+/// Whether `split_agg` looks its counter increments up in a shared table (see kernels/split.cu);
+/// `MPHF_GPU_AGG_TABLE=0|1` overrides the default for experiments.
+pub fn agg_table() -> bool {
+    !matches!(std::env::var("MPHF_GPU_AGG_TABLE").ok().as_deref(), Some("0"))
 }
 
 /// Whether full leaves of size `leaf` use the queued rotation search (see kernels/leaf.cu);

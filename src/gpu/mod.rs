@@ -74,7 +74,8 @@ pub struct Kernels {
     _module: Arc<CudaModule>,
     pub(crate) split_high: CudaFunction,
     pub(crate) split_agg: CudaFunction,
-    pub(crate) leaf_search: CudaFunction,
+    pub(crate) leaf_pass: CudaFunction,
+    pub(crate) leaf_collect: CudaFunction,
 }
 
 /// A process-wide CUDA context on device 0 with its stream and module cache.
@@ -189,6 +190,15 @@ impl GpuContext {
             .map_err(|e| format!("cannot read the SM count: {e}"))
     }
 
+    /// Warps the device holds resident at once (SMs × threads per SM / 32).
+    pub fn resident_warps(&self) -> Result<u32, String> {
+        let per_sm = self
+            .ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+            .map_err(|e| format!("cannot read the threads per SM: {e}"))?;
+        Ok(self.sm_count()? * (per_sm.max(32) as u32 / 32))
+    }
+
     /// Largest dynamic shared memory a block may opt in to, in bytes.
     pub fn max_shared_optin(&self) -> Result<u32, String> {
         self.ctx
@@ -223,7 +233,8 @@ impl GpuContext {
         let k = Arc::new(Kernels {
             split_high: f("split_high")?,
             split_agg: f("split_agg")?,
-            leaf_search: f("leaf_search")?,
+            leaf_pass: f("leaf_pass")?,
+            leaf_collect: f("leaf_collect")?,
             _module: module.clone(),
         });
         map.insert((leaf, rotation), k.clone());
