@@ -93,6 +93,24 @@ fn main() {
         .map(|w| (w / mean * 10.0).round() / 10.0)
         .collect();
     let full = leaves.iter().filter(|nd| nd.m as usize == leaf).count();
+    // Key hashes spent (estimate): a plain search hashes its midstop head (α = 3 for ℓ ≥ 14,
+    // else 2; all keys below 9) per candidate; a rotated base hashes the even keys (≈ ℓ/2).
+    let (mut plain_hashes, mut rotated_hashes) = (0.0f64, 0.0f64);
+    for (nd, w) in leaves.iter().zip(&work) {
+        let m = nd.m as f64;
+        if rot && nd.m as usize == leaf {
+            rotated_hashes += w * m / 2.0;
+        } else {
+            let alpha = if leaf >= 14 { 3.0 } else { 2.0 };
+            let head = if nd.m >= 9 { (alpha * m.sqrt()).ceil().min(m) } else { m };
+            plain_hashes += w * head;
+        }
+    }
+    println!(
+        "key hashes (estimate): plain leaves {:.1}%, rotated leaves {:.1}%",
+        100.0 * plain_hashes / (plain_hashes + rotated_hashes),
+        100.0 * rotated_hashes / (plain_hashes + rotated_hashes)
+    );
     println!(
         "({leaf},{bucket}) rot={rot} n={n} cli={cli}: {} leaves ({full} full), mean work {mean:.0}, \
          largest five in means {top:?}",
