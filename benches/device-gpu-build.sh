@@ -5,7 +5,7 @@
 # `cargo build --release --no-default-features --features cuda --example gpu_bench`,
 # stripped and xz-compressed). PARTS picks the parts (default: all of them):
 #   stages   per-stage times (MPHF_GPU_PROFILE=1) at the latency targets, both key sets, and
-#            the split_agg A/B (MPHF_GPU_AGG_TABLE=0|1)
+#            A/B runs of the defaults (MPHF_GPU_AGG_TABLE=0, MPHF_GPU_LEAF_BUDGET=FIRST,LATER)
 #   grid     the byte-equality grid (ℓ 2..=24 × b × rotation, n up to 10^7) and chunked solving
 #   bench    the issue's timing table, GPU vs CPU on all cores, n = 5·10^6 and 5·10^7
 # Each part has its own timeout so that one slow part cannot take the others' results with it.
