@@ -17,7 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
 use super::GpuContext;
@@ -395,6 +395,7 @@ impl GpuSolver {
             let (cur, next) = (&cur[0], &mut next[0]);
             // The first pass reads no list (entry i is leaf i, from round 0): a null pointer.
             let null = 0u64;
+            let list = (pass > 0).then_some(cur);
             let blocks = units.div_ceil(LEAF_WARPS as u64).min((resident / LEAF_WARPS) as u64) as u32;
             let mut fetch = counters.slice_mut(0..1);
             let cfg = LaunchConfig {
@@ -404,11 +405,7 @@ impl GpuSolver {
             };
             let mut l = stream.launch_builder(&k.leaf_pass);
             l.arg(d_keys).arg(d_nodes);
-            if pass == 0 {
-                l.arg(&null);
-            } else {
-                l.arg(cur);
-            }
+            push_list(&mut l, list, &null);
             l.arg(&entries)
                 .arg(&warps_per_leaf)
                 .arg(&budget)
@@ -428,11 +425,7 @@ impl GpuSolver {
             };
             let mut l = stream.launch_builder(&k.leaf_collect);
             l.arg(d_nodes);
-            if pass == 0 {
-                l.arg(&null);
-            } else {
-                l.arg(cur);
-            }
+            push_list(&mut l, list, &null);
             l.arg(&entries)
                 .arg(&warps_per_leaf)
                 .arg(&budget)
@@ -461,6 +454,14 @@ impl GpuSolver {
         }
         Ok(())
     }
+}
+
+/// Pushes a leaf kernel's work-list argument: the list, or a null pointer (`null` holds 0).
+fn push_list<'a>(l: &mut LaunchArgs<'a>, list: Option<&'a CudaSlice<u64>>, null: &'a u64) {
+    match list {
+        Some(list) => l.arg(list),
+        None => l.arg(null),
+    };
 }
 
 /// Budget of a leaf per warp in the first pass, in multiples of its expected work. About e^-4
