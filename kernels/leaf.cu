@@ -23,15 +23,20 @@
 // issue slot is spent on predicated-off keys.
 //
 // Plain search: lane t tests candidate 32r + t; the warp votes; the lowest successful lane is
-// the round's smallest candidate.
+// the round's smallest candidate. Leaves with a long midstop head (m ≥ 12, p ≥ 10) are searched
+// in two stages instead: every round hashes the first h1 = p/2 + 1 keys; candidates whose h1
+// masks are injective (about a quarter) go to a per-warp queue, and whenever it holds 32 entries
+// the lanes finish one entry each. Lanes stay busy, and a candidate costs about h1 + p/8
+// hashes instead of p.
 //
 // Rotation (full leaves, spec §5.3): lane t hashes the even keys of base (32r + t)·ℓ. Bases
-// whose even keys are injective are appended, in base order, to a per-warp queue; whenever it
+// whose even keys are injective are appended, in base order, to the warp's queue; whenever it
 // holds 32 entries (and at the end of the pass budget), the lanes test one entry each (odd keys,
 // then the smallest rotation r). This keeps the odd-key work dense instead of idling 31 lanes
 // behind one survivor. D = base + r is the CPU's answer: bases are ℓ apart and r < ℓ, so the
-// lowest successful entry holds the smallest D. ROT_QUEUE = 0 selects the direct variant (odd
-// keys hashed in every round where some lane survived its even keys), faster at small ℓ.
+// lowest successful entry holds the smallest D. (Splitting the even keys into two queued stages
+// too was measured slower.) ROT_QUEUE = 0 selects the direct variant (odd keys hashed in every
+// round where some lane survived its even keys), faster at small ℓ.
 //
 // Midstop (spec §5.2, speed only): the first p keys must be injective before the rest are
 // hashed; α = 3 on the GPU for ℓ ≥ 14, else 2, from m ≥ 9 on. With rotation the even keys play
@@ -51,6 +56,10 @@
 #define ALL_LANES 0xffffffffu
 // Rounds between two looks of a cooperating warp at the best published candidate.
 #define CHECK_EVERY 4
+// Plain search of leaves of at least PLAIN_QUEUE_MIN keys with a midstop head of at least
+// PLAIN_QUEUE_MIN_HEAD keys: queued, in two stages (h1 = p/2 + 1 head keys, then the rest).
+#define PLAIN_QUEUE_MIN 12
+#define PLAIN_QUEUE_MIN_HEAD 10
 
 // A leaf pending after a pass: its index in the chunk's leaf list and the round to resume at.
 struct Work {
@@ -84,25 +93,54 @@ __device__ __forceinline__ u64 published(const u64* found, u32 lane) {
 
 __device__ __forceinline__ void publish(u64* found, u64 d) { atomicMax(found, ~d); }
 
+// Appends the candidates of the lanes with `take`, in lane order, to a warp's queue of length n
+// (a candidate and its partial mask per entry; 64 entries, and every caller drains a queue below
+// 32 before appending again, so it never overflows); returns the new length, the same in every
+// lane. A queue holds its candidates in increasing order: rounds and lanes are taken in order.
+__device__ __forceinline__ u32 enqueue(u64* qd, u32* qm, u32 n, bool take, u64 d, u32 mask, u32 below) {
+    const u32 votes = __ballot_sync(ALL_LANES, take);
+    if (take) {
+        const u32 pos = n + __popc(votes & below);
+        qd[pos] = d;
+        qm[pos] = mask;
+    }
+    return n + __popc(votes);
+}
+
+// Drops the first min(n, 32) entries of a warp's queue of length n; returns the new length.
+__device__ __forceinline__ u32 dequeue32(u64* qd, u32* qm, u32 n, u32 lane) {
+    const u32 rest = n > 32 ? n - 32 : 0;
+    u64 td = 0;
+    u32 tm = 0;
+    if (lane < rest) {
+        td = qd[32 + lane];
+        tm = qm[32 + lane];
+    }
+    __syncwarp();
+    if (lane < rest) {
+        qd[lane] = td;
+        qm[lane] = tm;
+    }
+    __syncwarp();
+    return rest;
+}
+
 extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
     leaf_pass(const u64* __restrict__ keys, const Node* __restrict__ nodes, const Work* __restrict__ work,
               u32 entries, u32 warps_per_leaf, float budget, u64* found, u32* fetch, u64 watchdog, u32* status) {
     __shared__ u64 sk[LEAF_WARPS][LEAF];
     // Rounds per warp by leaf size (index LEAF + 1: a rotated full leaf), computed once a block.
     __shared__ u64 budget_of[LEAF + 2];
-#if ROTATION && ROT_QUEUE
-    __shared__ u64 qd[LEAF_WARPS][64];
-    __shared__ u32 qma[LEAF_WARPS][64];
-#endif
+    // A per-warp candidate queue (see enqueue) for the queued plain and rotated searches.
+    __shared__ u64 qad[LEAF_WARPS][64];
+    __shared__ u32 qam[LEAF_WARPS][64];
     for (u32 i = threadIdx.x; i < LEAF + 2; i += blockDim.x)
         budget_of[i] = i >= 2 ? budget_rounds(min(i, (u32)LEAF), i > LEAF, budget) : 1;
     __syncthreads();  // the only block-wide barrier: every thread is still here
     const u32 warp = threadIdx.x >> 5;
     const u32 lane = threadIdx.x & 31;
     u64* s = sk[warp];
-#if ROTATION
     const u32 below = (1u << lane) - 1;
-#endif
     const u64 units = (u64)entries * warps_per_leaf;
     for (;;) {
         u32 g = 0;
@@ -150,9 +188,43 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
         const bool shared_leaf = stride > 1;
 
         if (!rotated) {
-            for (u64 k = 0; k < rounds; k++) {
+            if (m < PLAIN_QUEUE_MIN || p < PLAIN_QUEUE_MIN_HEAD) {
+                for (u64 k = 0; k < rounds; k++) {
+                    const u64 base = (resume + k * stride + w) * 32;
+                    if (shared_leaf && k % CHECK_EVERY == 0 && published(best, lane) <= base) break;
+                    if (base > watchdog) {
+                        if (lane == 0) atomicOr(status, STATUS_WATCHDOG);
+                        break;
+                    }
+                    const u64 d = base + lane;
+                    u32 mask = 0;
+#pragma unroll 4
+                    for (u32 i = 0; i < p; i++) mask |= 1u << range_h32(s[i] + d, m);
+                    bool ok = false;
+                    if (__popc(mask) == p) {
+                        for (u32 i = p; i < m; i++) mask |= 1u << range_h32(s[i] + d, m);
+                        ok = mask == full;
+                    }
+                    const u32 votes = __ballot_sync(ALL_LANES, ok);
+                    if (votes) {
+                        if (lane == 0) publish(best, base + (u64)(__ffs(votes) - 1));
+                        break;
+                    }
+                }
+                continue;
+            }
+            // Queued plain search: the first h1 head keys in every round, the rest of the
+            // leaf for the queued survivors, 32 at a time (and what is queued at the end).
+            const u32 h1 = p / 2 + 1;
+            u32 qa = 0;
+            for (u64 k = 0;; k++) {
+                const bool last = k + 1 >= rounds;
                 const u64 base = (resume + k * stride + w) * 32;
-                if (shared_leaf && k % CHECK_EVERY == 0 && published(best, lane) <= base) break;
+                if (shared_leaf && k % CHECK_EVERY == 0) {
+                    __syncwarp();
+                    const u64 pending = qa ? qad[warp][0] : base;
+                    if (published(best, lane) <= pending) break;
+                }
                 if (base > watchdog) {
                     if (lane == 0) atomicOr(status, STATUS_WATCHDOG);
                     break;
@@ -160,31 +232,46 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
                 const u64 d = base + lane;
                 u32 mask = 0;
 #pragma unroll 4
-                for (u32 i = 0; i < p; i++) mask |= 1u << range_h32(s[i] + d, m);
-                bool ok = false;
-                if (__popc(mask) == p) {
-                    for (u32 i = p; i < m; i++) mask |= 1u << range_h32(s[i] + d, m);
-                    ok = mask == full;
+                for (u32 i = 0; i < h1; i++) mask |= 1u << range_h32(s[i] + d, m);
+                qa = enqueue(qad[warp], qam[warp], qa, __popc(mask) == h1, d, mask, below);
+                bool done = false;
+                while (qa >= 32 || (last && qa > 0)) {
+                    __syncwarp();
+                    const bool mine = lane < qa;
+                    const u64 dq = mine ? qad[warp][lane] : 0;
+                    u32 mq = mine ? qam[warp][lane] : 0;
+                    bool ok = false;
+                    if (mine) {
+                        for (u32 i = h1; i < p; i++) mq |= 1u << range_h32(s[i] + dq, m);
+                        if (__popc(mq) == p) {
+                            for (u32 i = p; i < m; i++) mq |= 1u << range_h32(s[i] + dq, m);
+                            ok = mq == full;
+                        }
+                    }
+                    const u32 wins = __ballot_sync(ALL_LANES, ok);
+                    if (wins) {
+                        const u64 first = __shfl_sync(ALL_LANES, dq, __ffs(wins) - 1);
+                        if (lane == 0) publish(best, first);
+                        done = true;
+                        break;
+                    }
+                    qa = dequeue32(qad[warp], qam[warp], qa, lane);
                 }
-                const u32 votes = __ballot_sync(ALL_LANES, ok);
-                if (votes) {
-                    if (lane == 0) publish(best, base + (u64)(__ffs(votes) - 1));
-                    break;
-                }
+                if (done || last) break;
             }
             continue;
         }
 #if ROTATION && ROT_QUEUE
         const u32 ne = p;
         const u32 no = LEAF - ne;
-        u32 qn = 0;  // queue length, the same in every lane
+        u32 qa = 0;  // queued bases whose even keys are injective
         for (u64 k = 0;; k++) {
             const bool last = k + 1 >= rounds;
             const u64 base = (resume + k * stride + w) * 32 * LEAF;
             if (shared_leaf && k % CHECK_EVERY == 0) {
                 // The smallest untested base: the queue's head, else this round's first base.
-                __syncwarp();  // queue writes of the previous round are visible
-                const u64 pending = qn ? qd[warp][0] : base;
+                __syncwarp();
+                const u64 pending = qa ? qad[warp][0] : base;
                 if (published(best, lane) <= pending) break;
             }
             if (base > watchdog) {
@@ -195,21 +282,14 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
             u32 ma = 0;
 #pragma unroll 4
             for (u32 i = 0; i < ne; i++) ma |= 1u << range_h32(s[i] + d, LEAF);
-            const bool pass = __popc(ma) == ne;
-            const u32 votes = __ballot_sync(ALL_LANES, pass);
-            if (pass) {
-                const u32 pos = qn + __popc(votes & below);
-                qd[warp][pos] = d;
-                qma[warp][pos] = ma;
-            }
-            qn += __popc(votes);
-            // Flush full queues; at the end of the budget, flush whatever is queued.
+            qa = enqueue(qad[warp], qam[warp], qa, __popc(ma) == ne, d, ma, below);
+            // Full queues are tested; at the end of the budget, whatever is queued.
             bool done = false;
-            while (qn >= 32 || (last && qn > 0)) {
+            while (qa >= 32 || (last && qa > 0)) {
                 __syncwarp();
-                const bool mine = lane < qn;
-                const u64 dq = mine ? qd[warp][lane] : 0;
-                const u32 maq = mine ? qma[warp][lane] : 0;
+                const bool mine = lane < qa;
+                const u64 dq = mine ? qad[warp][lane] : 0;
+                const u32 maq = mine ? qam[warp][lane] : 0;
                 u64 hit = NO_RESULT;
                 if (mine) {
                     u32 mb = 0;
@@ -232,20 +312,7 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
                     done = true;
                     break;
                 }
-                const u32 rest = qn > 32 ? qn - 32 : 0;
-                u64 td = 0;
-                u32 tm = 0;
-                if (lane < rest) {
-                    td = qd[warp][32 + lane];
-                    tm = qma[warp][32 + lane];
-                }
-                __syncwarp();
-                if (lane < rest) {
-                    qd[warp][lane] = td;
-                    qma[warp][lane] = tm;
-                }
-                __syncwarp();
-                qn = rest;
+                qa = dequeue32(qad[warp], qam[warp], qa, lane);
             }
             if (done || last) break;
         }
