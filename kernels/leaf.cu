@@ -73,11 +73,15 @@ __device__ __forceinline__ u32 rotl_m(u32 v, u32 r, u32 full) {
 }
 
 // Rounds one warp runs per pass for a leaf of m keys: `budget` times the expected number of
-// candidates (m^m / m!, divided by ℓ for rotated bases), in rounds of 32, at least one. The
-// pass kernel and the collect kernel must agree on it (the next pass resumes after it).
-__device__ __forceinline__ u64 budget_rounds(u32 m, bool rotated, float budget) {
+// candidates (m^m / m!, divided by ℓ for rotated bases, at most `cap` when cap > 0), in rounds
+// of 32, at least one. The cap (the host passes a full leaf's expectation) keeps a pass from
+// waiting on one warp that searches a costlier leaf (ℓ - 1 keys, unrotated: ~7 full leaves at
+// ℓ = 18); such leaves go on in the next passes with more warps. The pass kernel and the collect
+// kernel must agree on it (the next pass resumes after it).
+__device__ __forceinline__ u64 budget_rounds(u32 m, bool rotated, float budget, float cap) {
     float expected = expf((float)m * logf((float)m) - lgammaf((float)m + 1.0f));
     if (rotated) expected /= LEAF;
+    if (cap > 0.0f) expected = fminf(expected, cap);
     const float r = ceilf(budget * expected / 32.0f);
     return r < 1.0f ? 1ull : (u64)r;
 }
@@ -127,7 +131,7 @@ __device__ __forceinline__ u32 dequeue32(u64* qd, u32* qm, u32 n, u32 lane) {
 
 extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
     leaf_pass(const u64* __restrict__ keys, const Node* __restrict__ nodes, const Work* __restrict__ work,
-              u32 entries, u32 warps_per_leaf, float budget, u64* found, u32* fetch, u64 watchdog, u32* status) {
+              u32 entries, u32 warps_per_leaf, float budget, float cap, u64* found, u32* fetch, u64 watchdog, u32* status) {
     __shared__ u64 sk[LEAF_WARPS][LEAF];
     // Rounds per warp by leaf size (index LEAF + 1: a rotated full leaf), computed once a block.
     __shared__ u64 budget_of[LEAF + 2];
@@ -135,7 +139,7 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
     __shared__ u64 qad[LEAF_WARPS][64];
     __shared__ u32 qam[LEAF_WARPS][64];
     for (u32 i = threadIdx.x; i < LEAF + 2; i += blockDim.x)
-        budget_of[i] = i >= 2 ? budget_rounds(min(i, (u32)LEAF), i > LEAF, budget) : 1;
+        budget_of[i] = i >= 2 ? budget_rounds(min(i, (u32)LEAF), i > LEAF, budget, cap) : 1;
     __syncthreads();  // the only block-wide barrier: every thread is still here
     const u32 warp = threadIdx.x >> 5;
     const u32 lane = threadIdx.x & 31;
@@ -367,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(32 * LEAF_WARPS)
 // (in no particular order: each leaf's answer does not depend on it) to `next` with the round
 // the next pass resumes at.
 extern "C" __global__ void leaf_collect(const Node* __restrict__ nodes, const Work* __restrict__ work, u32 entries,
-                                        u32 warps_per_leaf, float budget, const u64* __restrict__ found,
+                                        u32 warps_per_leaf, float budget, float cap, const u64* __restrict__ found,
                                         u64* __restrict__ out, Work* __restrict__ next, u32* next_count) {
     const u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= entries) return;
@@ -383,5 +387,5 @@ extern "C" __global__ void leaf_collect(const Node* __restrict__ nodes, const Wo
     const u32 j = atomicAdd(next_count, 1u);
     next[j].leaf = leaf;
     next[j].pad = 0;
-    next[j].resume = resume + budget_rounds(nd.m, rotated, budget) * warps_per_leaf;
+    next[j].resume = resume + budget_rounds(nd.m, rotated, budget, cap) * warps_per_leaf;
 }

@@ -317,7 +317,7 @@ impl GpuSolver {
                 stamp(if stage == STAGE_AGG2 { "agg2" } else { "agg1" }, nodes.len(), &mut t)?;
             } else {
                 debug_assert_eq!(stage, STAGE_LEAF);
-                self.solve_leaves(k, &d_keys, &d_nodes, count, &mut d_out, &mut d_status, &mut t)?;
+                self.solve_leaves(params, k, &d_keys, &d_nodes, count, &mut d_out, &mut d_status, &mut t)?;
             }
         }
         let status = stream.clone_dtoh(&d_status).map_err(err("reading the status"))?;
@@ -339,12 +339,14 @@ impl GpuSolver {
 impl GpuSolver {
     /// The leaf stage: passes of `leaf_pass` + `leaf_collect` (kernels/leaf.cu) until every
     /// leaf has its descriptor. The first pass gives each leaf one warp and a budget of
-    /// [`LEAF_BUDGET`] times its expected work; each later pass spreads the leaves still pending
-    /// over the device's resident warps (at most [`MAX_WARPS_PER_LEAF`] per leaf) and resumes
-    /// where the previous pass stopped, so a few slow leaves no longer set the stage's time.
+    /// [`LEAF_BUDGET`] times its expected work (at most that of a full leaf, see [`leaf_cap`]);
+    /// each later pass spreads the leaves still pending over the device's resident warps (at
+    /// most [`MAX_WARPS_PER_LEAF`] per leaf) and resumes where the previous pass stopped, so a
+    /// few slow leaves no longer set the stage's time.
     #[allow(clippy::too_many_arguments)]
     fn solve_leaves(
         &self,
+        params: &Params,
         k: &super::Kernels,
         d_keys: &CudaSlice<u64>,
         d_nodes: &CudaSlice<GpuNode>,
@@ -359,18 +361,21 @@ impl GpuSolver {
         let stream = &self.ctx.stream;
         let resident = self.ctx.resident_warps()?.max(LEAF_WARPS);
         let (first_budget, later_budget) = leaf_budgets();
+        let expected_cap = leaf_cap(params.leaf, params.rotation);
         let watchdog = DEFAULT_WATCHDOG;
-        let cap = count as usize;
+        let list_len = count as usize;
         // Work lists (16 bytes per entry: leaf, pad, resume) and the published answers.
         let mut lists = [
             stream
-                .alloc_zeros::<u64>(2 * cap)
+                .alloc_zeros::<u64>(2 * list_len)
                 .map_err(err("allocating leaf work lists"))?,
             stream
-                .alloc_zeros::<u64>(2 * cap)
+                .alloc_zeros::<u64>(2 * list_len)
                 .map_err(err("allocating leaf work lists"))?,
         ];
-        let mut found = stream.alloc_zeros::<u64>(cap).map_err(err("allocating leaf answers"))?;
+        let mut found = stream
+            .alloc_zeros::<u64>(list_len)
+            .map_err(err("allocating leaf answers"))?;
         let mut counters = stream.alloc_zeros::<u32>(2).map_err(err("allocating leaf counters"))?;
         let mut entries = count;
         let mut pass = 0usize;
@@ -409,6 +414,7 @@ impl GpuSolver {
             l.arg(&entries)
                 .arg(&warps_per_leaf)
                 .arg(&budget)
+                .arg(&expected_cap)
                 .arg(&mut found)
                 .arg(&mut fetch)
                 .arg(&watchdog)
@@ -429,6 +435,7 @@ impl GpuSolver {
             l.arg(&entries)
                 .arg(&warps_per_leaf)
                 .arg(&budget)
+                .arg(&expected_cap)
                 .arg(&found)
                 .arg(&mut *d_out)
                 .arg(&mut *next)
@@ -470,11 +477,29 @@ pub const LEAF_BUDGET: f32 = 4.0;
 /// Budget per warp in the later passes: smaller, so that a later pass with one warp per leaf
 /// (many pending leaves) ends soon and the next one spreads what is left over more warps.
 pub const LEAF_BUDGET_LATER: f32 = 1.0;
+/// Default of [`leaf_cap`]'s factor (0: every leaf gets its full budget; see RESULTS-gpu.md).
+pub const LEAF_CAP: f64 = 1.0;
 /// Most warps given to one leaf in a pass.
 pub const MAX_WARPS_PER_LEAF: u32 = 1024;
 /// Passes after which the leaf stage gives up (the watchdog normally ends a hopeless search
 /// first: each pass moves every pending leaf at least one round per warp).
 const MAX_LEAF_PASSES: usize = 1 << 16;
+
+/// Expected candidates of the costliest leaf a pass budgets in full, in multiples of a full
+/// leaf's (`MPHF_GPU_LEAF_CAP`, 0 = no cap). Costlier leaves (ℓ − 1 keys cost about 7 full
+/// rotated leaves at ℓ = 18) get the capped budget, so no warp of a pass runs much longer
+/// than the others; what they leave goes to the next pass, with more warps.
+fn leaf_cap(leaf: usize, rotation: bool) -> f32 {
+    let factor = std::env::var("MPHF_GPU_LEAF_CAP")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|c| *c >= 0.0 && c.is_finite())
+        .unwrap_or(LEAF_CAP);
+    let l = leaf as f64;
+    let log_fact: f64 = (2..=leaf).map(|i| (i as f64).ln()).sum();
+    let full = (l * l.ln() - log_fact).exp() / if rotation { l } else { 1.0 };
+    (factor * full) as f32
+}
 
 /// The leaf budgets of the first and later passes (`MPHF_GPU_LEAF_BUDGET=FIRST[,LATER]`
 /// overrides them for experiments).
@@ -552,5 +577,17 @@ mod tests {
         // The 202-key bucket starts with a depth-0 high split (192 | 10).
         assert!(plan.stages[0].iter().any(|n| n.off == 21 && n.m == 202 && n.slot == 5));
         assert!(plan.stages[1].iter().any(|n| n.off == 21 && n.m == 192));
+    }
+
+    #[test]
+    fn leaf_cap_is_a_full_leafs_expected_candidates() {
+        if std::env::var_os("MPHF_GPU_LEAF_CAP").is_some() {
+            return; // an experiment overrides the default
+        }
+        // 18^18 / 18! ≈ 6.146·10^6 candidates; rotation tests 18 per base.
+        let rotated = leaf_cap(18, true) as f64;
+        assert!((rotated - 6.1456e6 / 18.0).abs() < 0.001 * rotated, "{rotated}");
+        let plain = leaf_cap(18, false) as f64;
+        assert!((plain - 6.1456e6).abs() < 0.001 * plain, "{plain}");
     }
 }
