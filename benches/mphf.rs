@@ -4,7 +4,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use datafusion_mphf::core::hash::mix64;
+use datafusion_mphf::core::flat::FlatMphf;
+use datafusion_mphf::core::hash::{mix64, Key};
 use datafusion_mphf::core::{Builder, Params};
 
 /// (ℓ, b, rotation) configurations benchmarked.
@@ -46,6 +47,15 @@ fn query(c: &mut Criterion) {
         g.bench_function(format!("batch/l{l}_b{b}_rot{r}"), |bench| {
             bench.iter(|| {
                 f.index_batch(&queries, &mut out);
+                black_box(out[0])
+            })
+        });
+        // The decoded copy the column indexes query (same values).
+        let flat = FlatMphf::new(&f).expect("descriptors fit u32");
+        let seed = f.seed();
+        g.bench_function(format!("flat_batch/l{l}_b{b}_rot{r}"), |bench| {
+            bench.iter(|| {
+                flat.index_batch_with(queries.len(), |i| queries[i].hash128(seed), &mut out);
                 black_box(out[0])
             })
         });

@@ -23,6 +23,7 @@ pub mod bits;
 pub mod build;
 pub mod column;
 pub mod elias_fano;
+pub mod flat;
 pub mod hash;
 pub mod memo;
 pub mod mphf;

@@ -11,6 +11,7 @@
 
 use super::bits::prefetch;
 use super::hash::{bucket_of, range_h32, Hash128, Key, SEED_AGG1, SEED_AGG2, SEED_LEAF, START_SEEDS};
+use super::memo::Memo;
 use super::mphf::Mphf;
 use super::rice::RiceCursor;
 use super::tree::{lower_aggr, split_left, upper_aggr};
@@ -133,13 +134,46 @@ impl Mphf {
     }
 }
 
-/// The tree walk of spec §9 for leaf size `L`.
+/// Where a tree walk reads its descriptors: the Golomb–Rice codes ([`RiceCursor`]) or a
+/// decoded copy ([`FlatCursor`](super::flat::FlatCursor)).
+pub(crate) trait Descriptors {
+    /// The next descriptor in preorder, of a subtree root with Rice parameter `tau`.
+    fn read(&mut self, tau: u32) -> u64;
+    /// Skips whole subtrees holding `nodes` descriptors and `fixed_bits` fixed-part bits.
+    fn skip(&mut self, nodes: u64, fixed_bits: u64);
+}
+
+impl Descriptors for RiceCursor<'_> {
+    #[inline(always)]
+    fn read(&mut self, tau: u32) -> u64 {
+        RiceCursor::read(self, tau)
+    }
+    #[inline(always)]
+    fn skip(&mut self, nodes: u64, fixed_bits: u64) {
+        RiceCursor::skip(self, nodes, fixed_bits)
+    }
+}
+
+/// The tree walk of spec §9 for leaf size `L` over the Golomb–Rice codes at `pos`.
 #[inline(always)]
-fn walk_tree<const L: usize>(f: &Mphf, lo: u64, mut cum: u64, mut m: usize, pos: u64) -> u64 {
-    let memo = f.memo;
+fn walk_tree<const L: usize>(f: &Mphf, lo: u64, cum: u64, m: usize, pos: u64) -> u64 {
+    let cur = RiceCursor::new(&f.rice.words, pos, pos + f.memo.skip[m] as u64);
+    walk_with::<L, _>(f.memo, f.params.rotation, lo, cum, m, cur)
+}
+
+/// The tree walk of spec §9 for leaf size `L`: from a bucket of `m` keys whose first value is
+/// `cum`, down to the key's leaf, reading descriptors from `cur`.
+#[inline(always)]
+pub(crate) fn walk_with<const L: usize, C: Descriptors>(
+    memo: &Memo,
+    rotation: bool,
+    lo: u64,
+    mut cum: u64,
+    mut m: usize,
+    mut cur: C,
+) -> u64 {
     let a1 = lower_aggr(L);
     let a2 = upper_aggr(L);
-    let mut cur = RiceCursor::new(&f.rice.words, pos, pos + memo.skip[m] as u64);
     let mut depth = 0usize;
     while m > a2 {
         let d = cur.read(memo.tau[m] as u32);
@@ -175,7 +209,7 @@ fn walk_tree<const L: usize>(f: &Mphf, lo: u64, mut cum: u64, mut m: usize, pos:
         return cum;
     }
     let d = cur.read(memo.tau[m] as u32);
-    let v = if f.params.rotation && m == L {
+    let v = if rotation && m == L {
         let r = d % L as u64;
         let v = range_h32(lo.wrapping_add(SEED_LEAF).wrapping_add(d - r), L as u32) as u64;
         if lo & 1 == 1 {

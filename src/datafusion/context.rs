@@ -499,8 +499,10 @@ impl MphfContext {
             }
         };
 
-        let index = index.with_dense_lookup(self.config().dense_lookup_max_bytes_per_key);
-        let size = (index.size_bytes() + index.dense_lookup_bytes()) as usize;
+        let index = index
+            .with_dense_lookup(self.config().dense_lookup_max_bytes_per_key)
+            .with_flat_lookup();
+        let size = (index.size_bytes() + index.dense_lookup_bytes() + index.flat_lookup_bytes()) as usize;
         let reservation =
             MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
         reservation.try_grow(size).map_err(|e| {

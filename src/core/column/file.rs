@@ -372,6 +372,7 @@ pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
         key_words,
         mapped: words.is_mapped(),
         dense: None,
+        flat: None,
         key_range: std::sync::OnceLock::new(),
     })
 }

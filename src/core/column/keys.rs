@@ -235,6 +235,10 @@ pub(crate) trait KeyCol: Sync {
     fn eq_at(&self, i: usize, other: &Self, j: usize) -> bool;
     /// Hints that row `i` will be compared soon.
     fn prefetch_at(&self, i: usize);
+    /// Hints that the bytes of row `i` will be compared soon (after [`KeyCol::prefetch_at`] of
+    /// the same row, some rows earlier: byte keys read their offset or view here).
+    #[inline(always)]
+    fn prefetch_value_at(&self, _i: usize) {}
     /// Row `i` for messages.
     fn describe_at(&self, i: usize) -> String;
     /// Bytes of row `i` (the native width for primitive keys).
@@ -280,6 +284,8 @@ pub(crate) trait BytesAt: Sync {
     fn bytes_at(&self, i: usize) -> &[u8];
     /// Hints that row `i` will be read soon.
     fn prefetch_at(&self, i: usize);
+    /// Hints that the bytes of row `i` will be read soon.
+    fn prefetch_value_at(&self, i: usize);
 }
 
 impl<T: ByteArrayType> BytesAt for GenericByteArray<T>
@@ -298,6 +304,12 @@ where
     fn prefetch_at(&self, i: usize) {
         prefetch(self.value_offsets().as_ptr().wrapping_add(i));
     }
+    #[inline(always)]
+    fn prefetch_value_at(&self, i: usize) {
+        if let Some(off) = self.value_offsets().get(i) {
+            prefetch(self.value_data().as_ptr().wrapping_add(off.as_usize()));
+        }
+    }
 }
 
 impl<T: ByteViewType + ?Sized> BytesAt for GenericByteViewArray<T>
@@ -315,6 +327,17 @@ where
     #[inline(always)]
     fn prefetch_at(&self, i: usize) {
         prefetch(self.views().as_ptr().wrapping_add(i));
+    }
+    #[inline(always)]
+    fn prefetch_value_at(&self, i: usize) {
+        // Views of more than 12 bytes point into a data buffer (index, offset in the upper half).
+        let Some(&view) = self.views().get(i) else { return };
+        if (view as u32) > 12 {
+            let (buffer, offset) = ((view >> 64) as u32, (view >> 96) as u32);
+            if let Some(data) = self.data_buffers().get(buffer as usize) {
+                prefetch(data.as_ptr().wrapping_add(offset as usize));
+            }
+        }
     }
 }
 
@@ -338,6 +361,10 @@ impl<A: BytesAt + ?Sized> KeyCol for ByteCol<'_, A> {
     #[inline(always)]
     fn prefetch_at(&self, i: usize) {
         self.0.prefetch_at(i);
+    }
+    #[inline(always)]
+    fn prefetch_value_at(&self, i: usize) {
+        self.0.prefetch_value_at(i);
     }
     fn describe_at(&self, i: usize) -> String {
         let b = self.0.bytes_at(i);

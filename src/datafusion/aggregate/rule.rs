@@ -31,7 +31,14 @@
 //!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
 //!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md. Indexes with a
 //!   dense-key table (integer keys in a narrow range, `mphf.dense_lookup_max_bytes_per_key`)
-//!   skip this check: their lookups are one array read.
+//!   skip this check: their lookups are one array read. So do byte keys (strings, binary) when
+//!   the index has its decoded MPHF copy ([`FlatMphf`](crate::core::flat::FlatMphf)): a verified
+//!   lookup then costs ~40 ns per row (10^5 string keys, 2 cores) against ~90 ns for
+//!   DataFusion's partial aggregation of a string key; measured at SF 1 on 2 partitions:
+//!   GROUP BY o_cname over `orders_by_name` (one row per order, 10^5 names) 1.26–1.71×, and
+//!   GROUP BY c_name after `orders ⋈ customer` 1.08–1.34× (0.59× and 0.77–0.95× before the
+//!   decoded copy), but 0.55× on 16 partitions (the H200 host), so the exemption holds only
+//!   for keys read straight from a scan, not through a join.
 //!
 //! - Several group expressions: one of them must be an indexed column on which all the others
 //!   depend (see [`lineage`](super::lineage)); the first such column is the key.
@@ -42,8 +49,12 @@
 //! usable, the input is estimated at [`GPU_MIN_ROWS`] rows or more and at
 //! [`GPU_MIN_ROWS_PER_SLOT`] rows per slot; `cpu` never. A GPU-placed node skips the CPU
 //! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
-//! loss); in the per-partition form it keeps the slot-entries limit, since every partition
-//! still emits its own per-slot states.
+//! loss); in the per-partition form it keeps a slot-entries limit, the partitioned one
+//! (`mphf.aggregate_max_slot_entries_per_row_partitioned`, default 1) whatever the mode: every
+//! partition's GPU call downloads and converts states for the whole slot range. TPC-H Q18's
+//! inner `GROUP BY l_orderkey` (a Partial aggregate under a repartition, 16 partitions × 1.5M
+//! slots for 6M rows) measured 0.41× with the GPU per partition (1.72 s of device time summed
+//! over partitions) against 1.11× on the CPU (the H200 host, SF 1).
 //!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
@@ -175,9 +186,16 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool
             partitions * slots as f64 <= rows * limit
         })
     };
+    // Input hash-partitioned on the key: each partition touches a 1/P share of its slot array,
+    // at random, so the arrays cost more per row than over a scan.
+    let limit = if *agg.mode() == AggregateMode::SinglePartitioned {
+        costing.max_slot_entries_per_row_partitioned
+    } else {
+        costing.max_slot_entries_per_row
+    };
     // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
     if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing) {
-        if merge || slot_entries_fit(costing.max_slot_entries_per_row) {
+        if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned) {
             let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
             return Ok(Some(exec));
         }
@@ -186,19 +204,13 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool
         return Ok(None);
     }
     // With a dense-key table a lookup is one array read, clustered or not; slots need none.
-    if !key_is_slot
-        && index.dense_lookup_bytes() == 0
-        && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run
-    {
+    // Byte keys with the decoded MPHF copy cost less per row than hashing them into a table.
+    // (Read straight from a scan: after a join, 16 partitions measured 0.55× on GROUP BY c_name.)
+    let cheap_lookup = index.dense_lookup_bytes() > 0
+        || (index.flat_lookup_bytes() > 0 && index.key_type().width().is_none() && !reads_a_join(agg.input()));
+    if !key_is_slot && !cheap_lookup && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
         return Ok(None);
     }
-    // Input hash-partitioned on the key: each partition touches a 1/P share of its slot array,
-    // at random, so the arrays cost more per row than over a scan.
-    let limit = if *agg.mode() == AggregateMode::SinglePartitioned {
-        costing.max_slot_entries_per_row_partitioned
-    } else {
-        costing.max_slot_entries_per_row
-    };
     if !slot_entries_fit(limit) {
         return Ok(None);
     }
@@ -334,4 +346,10 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// True when `plan` has a node with more than one input (a join) anywhere below it.
+fn reads_a_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let children = plan.children();
+    children.len() > 1 || children.into_iter().any(reads_a_join)
 }
