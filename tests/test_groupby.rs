@@ -172,6 +172,39 @@ async fn costing_declines_unclustered_and_small_keys() {
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
 }
 
+/// An unclustered string key runs on the slots when read straight from its table (its index
+/// has the decoded MPHF copy, whose verified lookups cost less than hashing strings), and is
+/// declined when the aggregate reads it through a join.
+#[tokio::test]
+async fn costing_takes_unclustered_string_keys_from_a_scan() {
+    let ctx = setup(2).await;
+    ctx.sql("SET mphf.aggregate_min_rows_per_run = 2").await.unwrap();
+    // 6,000 names in scattered order, 4 rows each; NULL every 89th row.
+    ctx.sql(
+        "CREATE TABLE sn AS SELECT CASE WHEN value % 89 = 0 THEN NULL            ELSE 'name#' || CAST((value * 7919) % 6000 AS VARCHAR) END AS nm, value AS v          FROM generate_series(0, 23999)",
+    )
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    ctx.sql("CREATE INDEX sn_nm ON sn USING mphf (nm)").await.unwrap();
+    assert!(compare(&ctx, "SELECT nm, count(*), sum(v) FROM sn GROUP BY nm").await);
+    assert!(compare(&ctx, "SELECT nm, max(v) FROM sn WHERE v % 3 = 1 GROUP BY nm").await);
+    // Through a join (each sn row with the t rows of the same v): declined, same results.
+    assert!(!compare(&ctx, "SELECT nm, count(*) FROM sn JOIN t ON sn.v = t.v GROUP BY nm").await);
+    // The integer key of the same shape without a dense-key table stays declined.
+    ctx.sql("SET mphf.dense_lookup_max_bytes_per_key = 0").await.unwrap();
+    ctx.sql("CREATE TABLE si AS SELECT (value * 7919) % 6000 AS ik, value AS v FROM generate_series(0, 23999)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    ctx.sql("CREATE INDEX si_ik ON si USING mphf (ik)").await.unwrap();
+    assert!(!compare(&ctx, "SELECT ik, count(*) FROM si GROUP BY ik").await);
+}
+
 /// `setup`'s session plus tables with functional dependences: orders-like `o` (unique key `ok`,
 /// columns that follow from it), customers-like `cu` (unique key `ck2`) and lineitem-like `li`
 /// (4 rows per order in table order, some NULL keys), each indexed on its key.
