@@ -186,13 +186,6 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool
             partitions * slots as f64 <= rows * limit
         })
     };
-    // Input hash-partitioned on the key: each partition touches a 1/P share of its slot array,
-    // at random, so the arrays cost more per row than over a scan.
-    let limit = if *agg.mode() == AggregateMode::SinglePartitioned {
-        costing.max_slot_entries_per_row_partitioned
-    } else {
-        costing.max_slot_entries_per_row
-    };
     // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
     if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing) {
         if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned) {
@@ -211,6 +204,13 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool
     if !key_is_slot && !cheap_lookup && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
         return Ok(None);
     }
+    // Input hash-partitioned on the key: each partition touches a 1/P share of its slot array,
+    // at random, so the arrays cost more per row than over a scan.
+    let limit = if *agg.mode() == AggregateMode::SinglePartitioned {
+        costing.max_slot_entries_per_row_partitioned
+    } else {
+        costing.max_slot_entries_per_row
+    };
     if !slot_entries_fit(limit) {
         return Ok(None);
     }
