@@ -29,7 +29,7 @@ use super::bits::prefetch;
 use super::hash::{bucket_of, Hash128};
 use super::memo::Memo;
 use super::mphf::Mphf;
-use super::query::{walk_with, Descriptors};
+use super::query::{empty_batch, walk_any, Descriptors};
 use super::rice::RiceCursor;
 use super::tree::children;
 
@@ -41,7 +41,6 @@ const BUCKETS_PER_TASK: usize = 4096;
 /// A decoded copy of an [`Mphf`]'s Elias–Fano and Golomb–Rice parts (see the module docs).
 #[derive(Debug, Clone)]
 pub struct FlatMphf {
-    leaf: usize,
     rotation: bool,
     n: u64,
     num_buckets: u64,
@@ -133,7 +132,6 @@ impl FlatMphf {
         }
         debug_assert_eq!(first as usize, desc.len());
         Some(FlatMphf {
-            leaf: mphf.params.leaf,
             rotation: mphf.params.rotation,
             n: mphf.n,
             num_buckets: mphf.num_buckets,
@@ -161,13 +159,7 @@ impl FlatMphf {
     /// Values of `len` keys given by their hashes; `out[i]` = `index_hash(hash_at(i))`. Runs
     /// the lookups in groups whose bucket entries and first descriptors are prefetched first.
     pub fn index_batch_with(&self, len: usize, hash_at: impl Fn(usize) -> Hash128, out: &mut [u64]) {
-        assert!(
-            out.len() >= len,
-            "index_batch_with: {len} keys but {} outputs",
-            out.len()
-        );
-        if self.n == 0 {
-            out[..len].fill(0);
+        if empty_batch(self.n, len, out) {
             return;
         }
         let mut lo = [0u64; GROUP];
@@ -200,15 +192,7 @@ impl FlatMphf {
             desc: &self.desc,
             next: self.buckets[2 * b + 1] as usize,
         };
-        macro_rules! dispatch {
-            ($($l:literal)*) => {
-                match self.leaf {
-                    $($l => walk_with::<$l, _>(self.memo, self.rotation, lo, cum, m, cur),)*
-                    other => unreachable!("leaf size {other} passed validation"),
-                }
-            };
-        }
-        dispatch!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
+        walk_any(self.memo, self.rotation, lo, cum, m, cur)
     }
 }
 

@@ -72,13 +72,7 @@ impl Mphf {
     /// Batched query over keys given by a hash function of their position: `out[i]` =
     /// `index_hash(hash_at(i))`. This is the entry point for Arrow arrays.
     pub fn index_batch_with(&self, len: usize, hash_at: impl Fn(usize) -> Hash128, out: &mut [u64]) {
-        assert!(
-            out.len() >= len,
-            "index_batch_with: {len} keys but {} outputs",
-            out.len()
-        );
-        if self.n == 0 {
-            out[..len].fill(0);
+        if empty_batch(self.n, len, out) {
             return;
         }
         // Wide batches: each dependent memory access of a lookup (EF lower bits and jump entry
@@ -122,16 +116,40 @@ impl Mphf {
         if m <= 1 {
             return cum;
         }
-        macro_rules! dispatch {
-            ($($l:literal)*) => {
-                match self.params.leaf {
-                    $($l => walk_tree::<$l>(self, lo, cum, m as usize, pos),)*
-                    other => unreachable!("leaf size {other} passed validation"),
-                }
-            };
-        }
-        dispatch!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
+        let m = m as usize;
+        let cur = RiceCursor::new(&self.rice.words, pos, pos + self.memo.skip[m] as u64);
+        walk_any(self.memo, self.params.rotation, lo, cum, m, cur)
     }
+}
+
+/// The start of a batched query of `len` keys into `out`: checks `out` is long enough; true
+/// (with `out` zeroed) when the MPHF has no keys, so there is nothing to walk.
+#[inline]
+pub(crate) fn empty_batch(n: u64, len: usize, out: &mut [u64]) -> bool {
+    assert!(
+        out.len() >= len,
+        "index_batch_with: {len} keys but {} outputs",
+        out.len()
+    );
+    if n == 0 {
+        out[..len].fill(0);
+    }
+    n == 0
+}
+
+/// [`walk_with`] for the leaf size of `memo` (the const parameter chosen at run time), from a
+/// bucket of `m ≥ 2` keys.
+#[inline(always)]
+pub(crate) fn walk_any<C: Descriptors>(memo: &Memo, rotation: bool, lo: u64, cum: u64, m: usize, cur: C) -> u64 {
+    macro_rules! dispatch {
+        ($($l:literal)*) => {
+            match memo.leaf {
+                $($l => walk_with::<$l, C>(memo, rotation, lo, cum, m, cur),)*
+                other => unreachable!("leaf size {other} passed validation"),
+            }
+        };
+    }
+    dispatch!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24)
 }
 
 /// Where a tree walk reads its descriptors: the Golomb–Rice codes ([`RiceCursor`]) or a
@@ -152,13 +170,6 @@ impl Descriptors for RiceCursor<'_> {
     fn skip(&mut self, nodes: u64, fixed_bits: u64) {
         RiceCursor::skip(self, nodes, fixed_bits)
     }
-}
-
-/// The tree walk of spec §9 for leaf size `L` over the Golomb–Rice codes at `pos`.
-#[inline(always)]
-fn walk_tree<const L: usize>(f: &Mphf, lo: u64, cum: u64, m: usize, pos: u64) -> u64 {
-    let cur = RiceCursor::new(&f.rice.words, pos, pos + f.memo.skip[m] as u64);
-    walk_with::<L, _>(f.memo, f.params.rotation, lo, cum, m, cur)
 }
 
 /// The tree walk of spec §9 for leaf size `L`: from a bucket of `m` keys whose first value is
