@@ -69,6 +69,8 @@ const QUERIES: &[(&str, bool)] = &[
         true,
     ),
     ("SELECT k, count(*) FROM t WHERE v < 0 GROUP BY k", true),
+    // A selective filter: few slots touched, merged compactly and emitted by sorting.
+    ("SELECT k, sum(v), count(*) FROM t WHERE v % 500 = 7 GROUP BY k", true),
     ("SELECT k FROM t GROUP BY k", true),
     ("SELECT k + 1, count(*) FROM t GROUP BY k + 1", false),
     // The slots themselves as the key: group indices without a lookup.
@@ -294,6 +296,8 @@ async fn disagreeing_rows_get_groups_of_their_own() {
             "SELECT s, k, min(d), max(v) FROM t WHERE v % 5 <> 1 GROUP BY s, k",
             "SELECT lk, qty % 3, count(*) FROM li GROUP BY lk, qty % 3",
             "SELECT k, d, s, count(*) FROM t GROUP BY k, d, s HAVING count(*) > 1",
+            // Few slots, several groups per slot (compact merge with mismatch groups).
+            "SELECT k, s, count(*), sum(v) FROM t WHERE v % 1000 < 3 GROUP BY k, s",
         ] {
             assert!(
                 compare(&ctx, sql).await,

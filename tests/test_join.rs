@@ -75,6 +75,8 @@ const QUERIES: &[(&str, bool)] = &[
 
 async fn check_all(partitions: usize, partitioned_joins: bool) {
     let ctx = setup(partitions, partitioned_joins).await;
+    // Every form at any partition count (costing declines per-partition tables beyond 4).
+    ctx.sql("SET mphf.join_partitioned_max_partitions = 0").await.unwrap();
     for &(sql, expect) in QUERIES {
         let plan = compare(&ctx, sql).await;
         assert_eq!(
@@ -98,6 +100,14 @@ async fn joins_match_vanilla_on_two_partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_joins_match_vanilla_on_sixteen_partitions() {
     check_all(16, true).await;
+    // By default 16 per-partition slot tables are declined (each is sized by the whole index).
+    let ctx = setup(16, true).await;
+    let sql = "SELECT d.id, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.id ORDER BY 2 DESC, 1 LIMIT 20";
+    let plan = compare(&ctx, sql).await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    ctx.sql("SET mphf.join_partitioned_max_partitions = 16").await.unwrap();
+    let plan = compare(&ctx, sql).await;
+    assert!(plan.contains("MphfJoinExec: mode=Partitioned"), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,6 +153,58 @@ async fn costing_yields_to_array_map_and_small_indexes() {
     ctx.sql("SET mphf.join_min_slots = 100000").await.unwrap();
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
+}
+
+/// A probe key that has its own index on an in-memory table gets its slots from that index's
+/// row slots, translated into the build index's (once per distinct key): the rule takes it
+/// although it is unclustered, also across a cast to the build key's type, and every probe
+/// row is translated. A filter on the probe side hands the join new arrays: declined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexed_probe_keys_translate_their_slots() {
+    for partitions in [1, 2, 16] {
+        let ctx = setup(partitions, partitions == 16).await;
+        for sql in [
+            "SET mphf.join_min_probe_rows_per_run = 2",
+            "CREATE INDEX fact_name ON fact USING mphf (name)",
+            "CREATE TABLE dimv AS SELECT arrow_cast(name, 'Utf8View') AS vname, grp FROM dim",
+            "CREATE INDEX dimv_vname ON dimv USING mphf (vname)",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        for (sql, build) in [
+            (
+                "SELECT count(*), sum(f.v), max(d.grp) FROM fact f JOIN dim d ON f.name = d.name",
+                "dim.name",
+            ),
+            (
+                "SELECT count(*), sum(f.v), min(d.grp) FROM fact f JOIN dimv d ON f.name = d.vname",
+                "dimv.vname",
+            ),
+            (
+                "SELECT count(*), count(d.grp), sum(f.v) FROM fact f LEFT JOIN dim d ON f.name = d.name",
+                "dim.name",
+            ),
+        ] {
+            let plan = compare(&ctx, sql).await;
+            let line = plan.lines().find(|l| l.contains("MphfJoinExec")).unwrap_or_default();
+            assert!(
+                line.contains(&format!("index={build}")) && line.contains("probe_index=fact.name"),
+                "{partitions} partitions, {sql}:\n{plan}"
+            );
+        }
+        let df = ctx
+            .sql("EXPLAIN ANALYZE SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname")
+            .await
+            .unwrap();
+        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        assert!(text.contains("probe_translated_rows=30.00 K"), "{text}");
+        let plan = compare(
+            &ctx,
+            "SELECT count(*) FROM (SELECT name FROM fact WHERE v % 2 = 0) f JOIN dim d ON f.name = d.name",
+        )
+        .await;
+        assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -431,6 +431,7 @@ impl MphfContext {
         let mut source = IndexSource::Built;
         let mut index = None;
         let mut rows_per_run = None;
+        let mut build_arrays = Vec::new();
         if let (Some(fp), Some(path)) = (&fp, &saved) {
             let want = (!at_registration).then_some(params_text.as_str());
             match persist::check_saved(path, &column, want, fp) {
@@ -472,8 +473,9 @@ impl MphfContext {
         let index = match index {
             Some(i) => i,
             None => {
-                let (mut i, runs) = self.build_column(&inner, &column, params, seed, device).await?;
+                let (mut i, runs, arrays) = self.build_column(&inner, &column, params, seed, device).await?;
                 rows_per_run = Some(runs);
+                build_arrays = arrays;
                 if let (Some(fp), Some(path)) = (&fp, &saved) {
                     let prov = Provenance {
                         name: name.clone(),
@@ -499,10 +501,19 @@ impl MphfContext {
             }
         };
 
-        let index = index
+        let mut index = index
             .with_dense_lookup(self.config().dense_lookup_max_bytes_per_key)
             .with_flat_lookup();
-        let size = (index.size_bytes() + index.dense_lookup_bytes() + index.flat_lookup_bytes()) as usize;
+        // An in-memory table hands its queries the arrays it stores (the ones just scanned):
+        // their rows' slots are worth keeping. Other tables decode fresh arrays per scan.
+        if cfg.row_slots && inner.downcast_ref::<MemTable>().is_some() && !build_arrays.is_empty() {
+            index = tokio::task::spawn_blocking(move || index.with_row_slots(&build_arrays))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        }
+        let size =
+            (index.size_bytes() + index.dense_lookup_bytes() + index.flat_lookup_bytes() + index.row_slot_bytes())
+                as usize;
         let reservation =
             MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
         reservation.try_grow(size).map_err(|e| {
@@ -537,9 +548,9 @@ impl MphfContext {
         Ok(handle)
     }
 
-    /// Scans `column` of `inner` once and builds its index on a blocking thread.
-    /// Scans `column` once and builds its index; also returns the column's rows per run of
-    /// equal consecutive keys (NULLs included), the clustering the aggregate rule's costing uses.
+    /// Scans `column` of `inner` once and builds its index on a blocking thread; also returns the
+    /// column's rows per run of equal consecutive keys (NULLs included), the clustering the
+    /// aggregate rule's costing uses, and the scanned arrays.
     async fn build_column(
         &self,
         inner: &Arc<dyn TableProvider>,
@@ -547,7 +558,7 @@ impl MphfContext {
         params: Params,
         seed: u64,
         device: Device,
-    ) -> Result<(ColumnIndex, f64)> {
+    ) -> Result<(ColumnIndex, f64, Vec<ArrayRef>)> {
         let df = self
             .ctx
             .read_table(Arc::clone(inner))?
@@ -565,14 +576,14 @@ impl MphfContext {
             solver,
             ..IndexOptions::default()
         };
-        tokio::task::spawn_blocking(move || -> Result<(ColumnIndex, f64)> {
+        tokio::task::spawn_blocking(move || -> Result<(ColumnIndex, f64, Vec<ArrayRef>)> {
             let (mut rows, mut runs) = (0usize, 0usize);
             for c in &chunks {
                 rows += c.len();
                 runs += ::datafusion::arrow::compute::partition(std::slice::from_ref(c))?.len();
             }
             let index = ColumnIndex::build(&chunks, &opts).map_err(to_df)?;
-            Ok((index, rows as f64 / runs.max(1) as f64))
+            Ok((index, rows as f64 / runs.max(1) as f64, chunks))
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))?

@@ -373,6 +373,7 @@ pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
         mapped: words.is_mapped(),
         dense: None,
         flat: None,
+        row_slots: None,
         key_range: std::sync::OnceLock::new(),
     })
 }

@@ -11,6 +11,9 @@
 //!   (within a type family: integers, dates/timestamps, strings/binaries), queried in blocks with
 //!   the batched MPHF query, then verified against `keys[slot]` with the next rows' keys
 //!   prefetched. No per-row allocation; primitive keys compare native values, byte keys bytes.
+//!   Optional accelerators give the same slots faster: a dense key → slot table for narrow
+//!   integer ranges ([`dense`]), the slots of the build arrays' rows found by buffer identity
+//!   ([`row_slots`]), and slot translation between two indexes ([`translate`]).
 //! - **File** ([`file`]): a versioned, checksummed, 8-byte-aligned little-endian format that
 //!   [`ColumnIndex::open`] reads in place from a memory map.
 //!
@@ -20,6 +23,8 @@
 pub mod dense;
 pub mod file;
 pub mod keys;
+pub mod row_slots;
+pub mod translate;
 
 use std::fmt;
 use std::path::Path;
@@ -33,6 +38,7 @@ use rayon::prelude::*;
 
 use self::dense::DenseSlots;
 use self::keys::{arrow_type_of, key_type_of, probe_castable, with_col, with_pair, ColFn, ColKeySet, KeyCol, PairFn};
+use self::row_slots::RowSlots;
 use super::flat::FlatMphf;
 use crate::core::build::BucketSolver;
 use crate::core::words::{WordWriter, Words};
@@ -154,6 +160,9 @@ pub struct ColumnIndex {
     /// Decoded copy of the MPHF for faster queries ([`FlatMphf`]; built with the index, or by
     /// [`ColumnIndex::with_flat_lookup`] after loading).
     pub(crate) flat: Option<Arc<FlatMphf>>,
+    /// Slots of the rows of the arrays the index was built from, found by buffer identity
+    /// ([`ColumnIndex::with_row_slots`]).
+    pub(crate) row_slots: Option<Arc<RowSlots>>,
     /// Smallest and largest key of integer-like keys, once computed.
     pub(crate) key_range: std::sync::OnceLock<Option<(i64, i64)>>,
 }
@@ -435,6 +444,7 @@ impl ColumnIndex {
             mapped: false,
             dense: None,
             flat,
+            row_slots: None,
             key_range: std::sync::OnceLock::new(),
         };
         let mut w = WordWriter::new();
@@ -536,6 +546,9 @@ impl ColumnIndex {
     /// # Errors
     /// As [`ColumnIndex::lookup`].
     pub fn lookup_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> Result<()> {
+        if self.lookup_row_slots(probe, out) {
+            return Ok(());
+        }
         let cast = self.cast_probe(probe)?;
         let probe: &dyn Array = cast.as_deref().unwrap_or(probe);
         out.clear();
@@ -582,6 +595,51 @@ impl ColumnIndex {
             self.flat = FlatMphf::new(&self.mphf).map(Arc::new);
         }
         self
+    }
+
+    /// Keeps the slot of every row of `arrays` (usually the very arrays the index was built
+    /// from, as an in-memory table stores them), so that later lookups of these arrays or of
+    /// slices of them copy the slots instead of querying (see [`row_slots`]; 4 bytes per row).
+    /// Arrays of other layouts are left out; a no-op for an index with a dense-key table, which
+    /// is as fast.
+    pub fn with_row_slots(mut self, arrays: &[ArrayRef]) -> Self {
+        if self.dense.is_some() {
+            return self;
+        }
+        self.row_slots = None;
+        let looked_up: Vec<(ArrayRef, Vec<u64>)> = arrays
+            .par_iter()
+            .filter_map(|a| {
+                let mut slots = Vec::new();
+                self.lookup_slots(a.as_ref(), &mut slots).ok()?;
+                Some((Arc::clone(a), slots))
+            })
+            .collect();
+        let rows = RowSlots::new(looked_up);
+        self.row_slots = (!rows.is_empty()).then(|| Arc::new(rows));
+        self
+    }
+
+    /// The slots of `probe` from the row slots ([`ColumnIndex::with_row_slots`]) when it is one
+    /// of their arrays or a slice of one (then `out` holds what [`ColumnIndex::lookup_slots`]
+    /// gives); false, and `out` unspecified, otherwise.
+    pub fn lookup_row_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> bool {
+        let Some(rows) = &self.row_slots else {
+            return false;
+        };
+        out.clear();
+        out.resize(probe.len(), ABSENT);
+        rows.lookup(probe, out)
+    }
+
+    /// True when the index keeps row slots.
+    pub fn has_row_slots(&self) -> bool {
+        self.row_slots.is_some()
+    }
+
+    /// Bytes of the row slots (0 without them).
+    pub fn row_slot_bytes(&self) -> u64 {
+        self.row_slots.as_ref().map_or(0, |r| r.size_bytes() as u64)
     }
 
     /// Bytes of the decoded MPHF copy (0 without one).

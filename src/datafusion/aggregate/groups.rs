@@ -33,6 +33,9 @@ use crate::datafusion::registry::IndexHandle;
 
 /// `group_of_slot` value of a slot that has no group yet.
 const NO_GROUP: u32 = u32::MAX;
+/// Emission sorts the slot groups instead of scanning `group_of_slot` when there are fewer
+/// than 1 per this many slots.
+const SORT_GROUPS_BELOW: usize = 16;
 /// Rows ahead whose `group_of_slot` entry is prefetched (a few distinct keys on clustered input).
 const GROUP_PREFETCH: usize = 16;
 
@@ -398,10 +401,22 @@ impl SlotGroups {
 
     /// Group ids in emission order: canonical slot groups by slot, mismatch groups, fallback
     /// groups (both in order of appearance); and how many are canonical slot groups and member
-    /// groups (canonical + mismatch). A scan of `group_of_slot` lists the slot groups sorted.
+    /// groups (canonical + mismatch). A scan of `group_of_slot` lists the slot groups sorted;
+    /// when they are few against the slots (a selective input), sorting them costs less.
     fn emission_order(&self) -> (UInt32Array, usize, usize) {
         let mut order: Vec<u32> = Vec::with_capacity(self.origin.len());
-        order.extend(self.group_of_slot.iter().copied().filter(|&g| g != NO_GROUP));
+        if self.origin.len().saturating_mul(SORT_GROUPS_BELOW) < self.n_slots {
+            let mut by_slot: Vec<(usize, u32)> = (0..self.origin.len() as u32)
+                .filter_map(|g| match self.origin[g as usize] {
+                    Origin::Slot(s) => Some((s, g)),
+                    _ => None,
+                })
+                .collect();
+            by_slot.sort_unstable();
+            order.extend(by_slot.into_iter().map(|(_, g)| g));
+        } else {
+            order.extend(self.group_of_slot.iter().copied().filter(|&g| g != NO_GROUP));
+        }
         let n_touched = order.len();
         order.extend((0..self.origin.len() as u32).filter(|&g| matches!(self.origin[g as usize], Origin::Mismatch(_))));
         let n_members = order.len();

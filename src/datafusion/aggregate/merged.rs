@@ -313,6 +313,79 @@ enum OtherGroup {
     Fallback,
 }
 
+/// The canonical groups of a slot range: one per slot of the range (dense), or, when the
+/// partials touch few of its slots, one per touched slot in ascending order (compact).
+///
+/// Why: the accumulators are sized by the group count and emit every group, so a dense range
+/// costs its whole length even when a selective input touched a sliver of it (TPC-H Q3 at
+/// SF 1: 11.6 K groups in 1.5 M slots, 5.3 ms of merging, more than the hash aggregation it
+/// replaced). Compact groups cost a sort of the touched slots instead.
+struct RangeGroups {
+    /// Touched slots (relative to the range start), ascending and distinct; `None`: dense.
+    compact: Option<Vec<usize>>,
+    /// Number of groups.
+    len: usize,
+}
+
+/// A range is merged compactly when its partials touch fewer than 1 in this many slots.
+const COMPACT_BELOW: usize = 8;
+
+impl RangeGroups {
+    fn new(partials: &[PartialSlots], lo: usize, hi: usize) -> Self {
+        fn canonical(part: &PartialSlots, lo: usize, hi: usize) -> std::ops::Range<usize> {
+            let slots = &part.slots[..part.n_touched];
+            slots.partition_point(|&s| s < lo)..slots.partition_point(|&s| s < hi)
+        }
+        fn in_range(part: &PartialSlots, lo: usize, hi: usize) -> impl Iterator<Item = usize> + '_ {
+            let mismatches = (part.n_touched..part.slots.len()).filter(move |&j| (lo..hi).contains(&part.slots[j]));
+            canonical(part, lo, hi).chain(mismatches)
+        }
+        // Mismatch groups are few: counted whether in the range or not.
+        let entries: usize = partials
+            .iter()
+            .map(|p| canonical(p, lo, hi).len() + p.slots.len() - p.n_touched)
+            .sum();
+        if entries * COMPACT_BELOW >= hi - lo {
+            return Self {
+                compact: None,
+                len: hi - lo,
+            };
+        }
+        let mut slots: Vec<usize> = partials
+            .iter()
+            .flat_map(|p| in_range(p, lo, hi).map(|j| p.slots[j] - lo))
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        Self {
+            len: slots.len(),
+            compact: Some(slots),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The group of a touched slot (relative to the range start).
+    fn group(&self, slot: usize) -> usize {
+        match &self.compact {
+            Some(slots) => slots
+                .binary_search(&slot)
+                .unwrap_or_else(|_| unreachable!("every touched slot was collected")),
+            None => slot,
+        }
+    }
+
+    /// The slot (relative to the range start) of canonical group `g`.
+    fn slot(&self, g: usize) -> usize {
+        match &self.compact {
+            Some(slots) => slots[g],
+            None => g,
+        }
+    }
+}
+
 /// Merges the partials' states for the slots `[lo, hi)` (and, when `with_fallback`, the
 /// fallback groups) and returns the result batch of that range.
 fn merge_range(
@@ -338,12 +411,14 @@ fn merge_range(
         .iter()
         .map(|a| a.state_fields().map(|f| f.len()))
         .collect::<Result<_>>()?;
-    let n_range = hi - lo;
-    let mut touched = vec![false; n_range];
+    let range = RangeGroups::new(partials, lo, hi);
+    // Canonical groups are 0..n_canon; mismatch and fallback groups follow.
+    let n_canon = range.len();
+    let mut touched = vec![false; n_canon];
     // Canonical dependent values of the range's slots: the first partial's that touched it.
-    let mut canon_of = if has_deps { vec![NO_CANON; n_range] } else { Vec::new() };
+    let mut canon_of = if has_deps { vec![NO_CANON; n_canon] } else { Vec::new() };
     let mut canon = ByteRows::default();
-    // Groups `n_range + k`: mismatches and fallback groups, by a tagged byte key.
+    // Groups `n_canon + k`: mismatches and fallback groups, by a tagged byte key.
     let mut others: Vec<OtherGroup> = Vec::new();
     let mut other_of = std::collections::HashMap::<Box<[u8]>, usize>::new();
     let mut other_deps = ByteRows::default();
@@ -358,7 +433,8 @@ fn merge_range(
         let mismatches = part.n_touched..part.slots.len();
         let in_range = (a..b).chain(mismatches.clone().filter(|&j| (lo..hi).contains(&part.slots[j])));
         for j in in_range {
-            let s = part.slots[j] - lo;
+            let slot = part.slots[j] - lo;
+            let s = range.group(slot);
             touched[s] = true;
             picked.push(j as u32);
             if !has_deps {
@@ -375,22 +451,22 @@ fn merge_range(
             } else {
                 let mut tag = Vec::with_capacity(9 + dep.len());
                 tag.push(0u8);
-                tag.extend_from_slice(&(s as u64).to_le_bytes());
+                tag.extend_from_slice(&(slot as u64).to_le_bytes());
                 tag.extend_from_slice(dep);
                 let next = others.len();
                 let k = *other_of.entry(tag.into_boxed_slice()).or_insert_with(|| {
                     others.push(OtherGroup::Member {
-                        slot: s,
+                        slot,
                         dep: other_deps.len(),
                     });
                     other_deps.push(dep);
                     next
                 });
-                groups.push(n_range + k);
+                groups.push(n_canon + k);
             }
         }
         if !groups.is_empty() {
-            let total = n_range + others.len();
+            let total = n_canon + others.len();
             // Without mismatches in the partial, its rows of the range are contiguous.
             let contiguous = mismatches.is_empty();
             let indices = UInt32Array::from(picked.clone());
@@ -422,9 +498,9 @@ fn merge_range(
                     fallback_keys.push(key);
                     next
                 });
-                groups.push(n_range + k);
+                groups.push(n_canon + k);
             }
-            let total = n_range + others.len();
+            let total = n_canon + others.len();
             let mut col = 0;
             for (acc, &w) in accs.iter_mut().zip(&widths) {
                 acc.merge_batch(&part.fallback_states[col..col + w], &groups, total)?;
@@ -438,15 +514,15 @@ fn merge_range(
         return Ok(RecordBatch::new_empty(schema));
     }
     // Emission: canonical slot groups in slot order, mismatch groups, fallback groups.
-    let mut order: Vec<u32> = (0..n_range as u32).filter(|&s| touched[s as usize]).collect();
-    let mut member_slots: Vec<u64> = order.iter().map(|&s| (lo + s as usize) as u64).collect();
+    let mut order: Vec<u32> = (0..n_canon as u32).filter(|&s| touched[s as usize]).collect();
+    let mut member_slots: Vec<u64> = order.iter().map(|&g| (lo + range.slot(g as usize)) as u64).collect();
     let mut member_deps: Vec<&[u8]> = Vec::new();
     if has_deps {
         member_deps.extend(order.iter().map(|&s| canon.get(canon_of[s as usize] as usize)));
     }
     for (k, other) in others.iter().enumerate() {
         if let OtherGroup::Member { slot, dep } = other {
-            order.push((n_range + k) as u32);
+            order.push((n_canon + k) as u32);
             member_slots.push((lo + slot) as u64);
             member_deps.push(other_deps.get(*dep));
         }
@@ -456,7 +532,7 @@ fn merge_range(
             .iter()
             .enumerate()
             .filter(|(_, o)| matches!(o, OtherGroup::Fallback))
-            .map(|(k, _)| (n_range + k) as u32),
+            .map(|(k, _)| (n_canon + k) as u32),
     );
     let key = member_keys(&grouping, &exec.index, UInt64Array::from(member_slots))?;
     let mut parts = vec![grouping.assemble(key, grouping.decode_deps(member_deps.into_iter())?)?];

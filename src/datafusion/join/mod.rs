@@ -28,6 +28,7 @@
 pub mod build;
 pub mod probe;
 pub mod rule;
+mod translate;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -56,6 +57,8 @@ use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
 use crate::datafusion::registry::IndexHandle;
+pub(crate) use translate::probe_index;
+use translate::Translator;
 
 type BuildResult = std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>;
 
@@ -67,6 +70,8 @@ pub struct MphfJoinExec {
     index: Arc<IndexHandle>,
     /// Which pair of `join.on()` is the indexed key.
     key: usize,
+    /// Probe slots by translation, when the probe key carries an index with row slots.
+    translator: Option<Arc<Translator>>,
     metrics: ExecutionPlanMetricsSet,
     /// `CollectLeft`: the shared build of the current execution and how many probe partitions
     /// took it (cleared when all did, so a re-execution builds afresh).
@@ -85,10 +90,12 @@ impl fmt::Debug for MphfJoinExec {
 impl MphfJoinExec {
     /// Wraps `join` (checked by the rule) whose `on[key].0` is indexed by `index`.
     pub fn new(join: Arc<HashJoinExec>, index: Arc<IndexHandle>, key: usize) -> Self {
+        let translator = probe_index(&join, key).map(|p| Arc::new(Translator::new(p)));
         Self {
             join,
             index,
             key,
+            translator,
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Mutex::new(None),
         }
@@ -228,6 +235,9 @@ impl DisplayAs for MphfJoinExec {
                     info.column,
                     on.join(", ")
                 )?;
+                if let Some(t) = &self.translator {
+                    write!(f, ", probe_index={}", t.describe())?;
+                }
                 if let Some(filter) = self.join.filter() {
                     write!(f, ", filter={}", filter.expression())?;
                 }
@@ -304,12 +314,21 @@ impl ExecutionPlan for MphfJoinExec {
             join_time: metric().subset_time("join_time", partition),
             probe_rows: metric().counter("probe_rows", partition),
             probe_absent: metric().counter("probe_absent_rows", partition),
+            probe_translated: metric().counter("probe_translated_rows", partition),
         };
         let schema = self.schema();
         // Everything but the build side, which arrives when the build future resolves.
         let prober = {
             let index = Arc::clone(&self.index);
             let probe_key = Arc::clone(&self.join.on()[self.key].1);
+            let lookup_key = match &self.translator {
+                Some(t) => t.lookup_key(),
+                None => Arc::clone(&probe_key),
+            };
+            let translation = self
+                .translator
+                .as_ref()
+                .map(|t| (Arc::clone(t), Arc::clone(context.memory_pool())));
             let residual = self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect();
             let filter = self.join.filter().cloned();
             let projection = self.join.projection.clone();
@@ -320,6 +339,8 @@ impl ExecutionPlan for MphfJoinExec {
                 build,
                 index,
                 probe_key,
+                lookup_key,
+                translation,
                 residual,
                 filter,
                 join_type,

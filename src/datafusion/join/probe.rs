@@ -21,11 +21,13 @@ use ::datafusion::arrow::compute::kernels::cmp::eq;
 use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::SchemaRef;
 use ::datafusion::common::{internal_err, JoinSide, JoinType, Result, ScalarValue};
+use ::datafusion::execution::memory_pool::MemoryPool;
 use ::datafusion::physical_expr::PhysicalExprRef;
 use ::datafusion::physical_plan::joins::utils::{ColumnIndex as JoinColumn, JoinFilter};
 use ::datafusion::physical_plan::metrics::{Count, Time};
 
 use super::build::SharedBuild;
+use super::translate::Translator;
 use crate::core::column::ABSENT;
 use crate::datafusion::error::to_df;
 use crate::datafusion::registry::IndexHandle;
@@ -41,6 +43,8 @@ pub struct ProbeMetrics {
     pub probe_rows: Count,
     /// Probe rows whose key was not in the index (or NULL).
     pub probe_absent: Count,
+    /// Probe rows whose slots came from the probe index's row slots, translated.
+    pub probe_translated: Count,
 }
 
 /// What a probe stream needs; shared (read-only) by its batches.
@@ -51,6 +55,11 @@ pub struct Prober {
     pub index: Arc<IndexHandle>,
     /// Probe-side expression of the indexed key.
     pub probe_key: PhysicalExprRef,
+    /// What the lookup reads: `probe_key`, or the column a cast in it reads (same slots).
+    pub lookup_key: PhysicalExprRef,
+    /// The probe key's own index with the translation of its slots into the build index's,
+    /// and the pool its table is reserved in.
+    pub(crate) translation: Option<(Arc<Translator>, Arc<dyn MemoryPool>)>,
     /// Probe-side expressions of the other join keys (same order as the build side's).
     pub residual: Vec<PhysicalExprRef>,
     /// The join's non-equality filter.
@@ -105,10 +114,24 @@ impl Prober {
         let mut slots = Vec::new();
         {
             let _t = self.metrics.lookup_time.timer();
-            self.index
-                .index()
-                .lookup_slots(keys.as_ref(), &mut slots)
-                .map_err(to_df)?;
+            let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
+            let translated = match &self.translation {
+                Some((t, pool)) if t.probe_index().lookup_row_slots(lookup.as_ref(), &mut slots) => {
+                    match t.table(&self.index, pool) {
+                        Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
+                        None => false,
+                    }
+                }
+                _ => false,
+            };
+            if translated {
+                self.metrics.probe_translated.add(n);
+            } else {
+                self.index
+                    .index()
+                    .lookup_slots(lookup.as_ref(), &mut slots)
+                    .map_err(to_df)?;
+            }
         }
         let _t = self.metrics.join_time.timer();
         let (mut b, mut p) = (Vec::with_capacity(n), Vec::with_capacity(n));

@@ -32,7 +32,16 @@
 //!   (`orders ⋈ customer` on `c_name` at SF 1 ran 0.51× on 2 partitions, 0.85× on 16). A probe
 //!   key that is itself an indexed column with at least `mphf.join_min_probe_rows_per_run`
 //!   (default 2) rows per run of equal keys, measured when its index was built, is accepted:
-//!   runs share one query.
+//!   runs share one query. So is a probe key whose own index keeps row slots, in a form whose
+//!   probe side hands the join that table's arrays (no filter, no hash repartition; see
+//!   `join::translate`): its slots are translated, not looked up
+//!   (`orders_by_name ⋈ customer` on the name at SF 1: 2.3–3.8× on 2 partitions, 1.4–1.6× on 16).
+//! - Decline the one-for-one form of a `Partitioned` join beyond
+//!   `mphf.join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
+//!   is sized by the whole index while holding 1/P of its keys, and 16 of them ran 0.59–0.65×
+//!   of DataFusion's per-partition hash tables (lineitem ⋈ orders under a `SinglePartitioned`
+//!   GROUP BY, SF 1, 16 cores). Under a `SinglePartitioned` aggregate the collect form keeps
+//!   the probe side's hash repartition instead (one shared slot table; 0.99–1.13× there).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated from the index's keys spread over the
@@ -63,6 +72,7 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
+use super::translate::translates_probe;
 use super::{supports_join_type, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
@@ -89,6 +99,9 @@ struct Costing {
     array_map_density: f64,
     /// Most probe partitions of a `Partitioned` join rewritten in a collect form (0: any).
     collect_max_partitions: usize,
+    /// Most partitions of a `Partitioned` join run one for one (a slot table per partition;
+    /// 0: any).
+    partitioned_max_partitions: usize,
 }
 
 impl Costing {
@@ -234,23 +247,25 @@ fn collected(build: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     }
 }
 
-/// The two candidate forms of `join`, or `None` when the rule declines. With
-/// `keep_probe_exchange`, the collect form keeps the probe side's hash repartition (its output
-/// stays hash partitioned on the key, see [`rewrite_feeding`]).
+/// The candidate forms of `join` (one for one, collect), each `None` where the rule declines
+/// it, or `None` when it declines both. With `keep_probe_exchange`, the collect form keeps the
+/// probe side's hash repartition (its output stays hash partitioned on the key, see
+/// [`rewrite_feeding`]).
 fn candidates(
     join: &HashJoinExec,
     costing: &Costing,
     keep_probe_exchange: bool,
-) -> Result<Option<(MphfJoinExec, Option<MphfJoinExec>)>> {
+) -> Result<Option<(Option<MphfJoinExec>, Option<MphfJoinExec>)>> {
     let Some((key, handle)) = indexed_key(join) else {
         return Ok(None);
     };
     if handle.index().len() < costing.min_slots {
         return Ok(None);
     }
-    if handle.index().dense_lookup_bytes() == 0 && probe_rows_per_run(join, key) < costing.min_probe_rows_per_run {
-        return Ok(None);
-    }
+    // Without a dense-key table each probe run costs an MPHF query: worth it for clustered
+    // probe keys, or when the probe key's own index translates its slots (per form).
+    let per_row_lookup_pays =
+        handle.index().dense_lookup_bytes() > 0 || probe_rows_per_run(join, key) >= costing.min_probe_rows_per_run;
     let collect_left = *join.partition_mode() == PartitionMode::CollectLeft
         || join.left().output_partitioning().partition_count() <= 1;
     // Partitioned: each partition's hash join sees about 1/P of the build keys over the same range.
@@ -262,11 +277,22 @@ fn candidates(
     if costing.yield_to_array_map && vanilla_uses_array_map(join, &handle, partitions, costing) {
         return Ok(None);
     }
-    let one_for_one = MphfJoinExec::new(Arc::new(join.builder().build()?), Arc::clone(&handle), key);
+    // One for one, a `Partitioned` join builds a slot table per partition, each sized by the
+    // whole index while holding 1/P of its keys.
+    let tables_pay =
+        collect_left || costing.partitioned_max_partitions == 0 || partitions <= costing.partitioned_max_partitions;
+    let one_for_one = match tables_pay && (per_row_lookup_pays || translates_probe(join, key)) {
+        true => Some(MphfJoinExec::new(
+            Arc::new(join.builder().build()?),
+            Arc::clone(&handle),
+            key,
+        )),
+        false => None,
+    };
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
     if *join.partition_mode() != PartitionMode::Partitioned || !costing.collect_allowed(probe_partitions) {
-        return Ok(Some((one_for_one, None)));
+        return Ok(one_for_one.map(|one| (Some(one), None)));
     }
     let left = collected(without_exchange(join.left(), false));
     let right = if keep_probe_exchange {
@@ -280,8 +306,12 @@ fn candidates(
         .with_new_children(vec![left, right])?
         .recompute_properties()
         .build()?;
-    let collect = MphfJoinExec::new(Arc::new(collected), handle, key);
-    Ok(Some((one_for_one, Some(collect))))
+    let collect = (per_row_lookup_pays || translates_probe(&collected, key))
+        .then(|| MphfJoinExec::new(Arc::new(collected), handle, key));
+    Ok(match (one_for_one, collect) {
+        (None, None) => None,
+        forms => Some(forms),
+    })
 }
 
 /// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
@@ -326,7 +356,7 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Some((collect, _)) = candidates(&swapped(join)?, costing, false)? else {
+    let Some((Some(collect), _)) = candidates(&swapped(join)?, costing, false)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
@@ -364,8 +394,8 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
         }
         Ok(match candidates(join, costing, false)? {
             Some((_, Some(c))) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
-            Some((one, _)) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
-            None => Transformed::no(node),
+            Some((Some(one), _)) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
+            _ => Transformed::no(node),
         })
     })
     .data()
@@ -387,8 +417,10 @@ fn rewrite_feeding(
     plan: &Arc<dyn ExecutionPlan>,
     costing: &Costing,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    // Without group columns (a global aggregate) the distribution does not matter.
-    if *agg.mode() != AggregateMode::Partial || agg.group_expr().expr().is_empty() {
+    // Without group columns (a global aggregate) the distribution does not matter. A
+    // `SinglePartitioned` aggregate needs the join's hash partitioning: the probe exchange stays.
+    let single = *agg.mode() == AggregateMode::SinglePartitioned;
+    if !(single || *agg.mode() == AggregateMode::Partial) || agg.group_expr().expr().is_empty() {
         return Ok(None);
     }
     let passes = plan.downcast_ref::<ProjectionExec>().is_some() || plan.downcast_ref::<FilterExec>().is_some();
@@ -401,7 +433,9 @@ fn rewrite_feeding(
     let Some(join) = plan.downcast_ref::<HashJoinExec>() else {
         return Ok(None);
     };
-    if *join.partition_mode() != PartitionMode::Partitioned || groups_by_clustered_probe_key(agg, join, costing) {
+    if *join.partition_mode() != PartitionMode::Partitioned
+        || (!single && groups_by_clustered_probe_key(agg, join, costing))
+    {
         return Ok(None);
     }
     Ok(match candidates(join, costing, true)? {
@@ -456,6 +490,7 @@ impl PhysicalOptimizerRule for MphfJoinRule {
             min_probe_rows_per_run: cfg.join_min_probe_rows_per_run,
             yield_to_array_map: cfg.join_yield_to_array_map,
             collect_max_partitions: cfg.join_collect_max_partitions,
+            partitioned_max_partitions: cfg.join_partitioned_max_partitions,
             array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
             array_map_density: config.execution.perfect_hash_join_min_key_density,
         };
