@@ -57,8 +57,7 @@ use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
 use crate::datafusion::registry::IndexHandle;
-pub(crate) use translate::probe_index;
-use translate::Translator;
+use translate::{probe_index, Translator};
 
 type BuildResult = std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>;
 
