@@ -1,6 +1,7 @@
 //! What the aggregate rule knows about its input's columns and rows: the functional dependence
 //! of group expressions on an indexed key (when `GROUP BY k, c1, …, cn` may run on the slots of
-//! `k` alone, issue 4 item 4), and a row estimate that sees through key–foreign-key joins.
+//! `k` alone, issue 4 item 4). The row estimate (module [`estimate`](super::estimate)) reads
+//! the same facts to see through key–foreign-key joins.
 //!
 //! TPC-H groups by a key and columns that follow from it: Q3 `l_orderkey, o_orderdate,
 //! o_shippriority` (orders joined on `o_orderkey = l_orderkey`), Q10 the customer's columns
@@ -21,15 +22,6 @@
 //!
 //! A group expression depends on the key when every column it reads has its origin in `D`.
 //!
-//! # Row estimate
-//! DataFusion estimates an inner join without column statistics from its inputs' row counts
-//! (lineitem ⋈ orders at SF 1: 1.5M rows for 6M), which would make the rule's
-//! slot-entries-per-row check decline a GROUP BY that wins. When one side's join key is a unique
-//! indexed key of its table, every row of the other side matches at most one row, and a fraction
-//! `rows(unique side) / slots` of the keys survives the unique side's filters; [`estimated_rows`]
-//! uses `rows(other side) × min(1, rows(unique side) / slots)` there, DataFusion's estimate
-//! elsewhere (scaled through filters and projections above such a join).
-//!
 //! # Why a wrong proof is harmless
 //! The operator compares each row's dependent values with its group's (see
 //! [`grouping`](super::grouping)) and gives a differing row a group of its own, so results never
@@ -47,7 +39,6 @@ use ::datafusion::physical_plan::filter::FilterExec;
 use ::datafusion::physical_plan::joins::utils::{build_join_schema, JoinOnRef};
 use ::datafusion::physical_plan::joins::{HashJoinExec, SortMergeJoinExec};
 use ::datafusion::physical_plan::projection::ProjectionExec;
-use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 
 use crate::datafusion::join::rule::passes_rows;
@@ -57,21 +48,21 @@ use crate::datafusion::table::MphfRelabelExec;
 
 /// A column of a leaf node (identified by its address while the plan is being optimized).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Origin {
+pub(super) struct Origin {
     leaf: usize,
     column: usize,
 }
 
 /// What is known about the output columns of a plan.
 #[derive(Default)]
-struct Lineage {
+pub(super) struct Lineage {
     /// Origin of each output column (`None`: computed, or through a node not understood).
     columns: Vec<Option<Origin>>,
     /// Pairs of origins equal in every output row (inner equi-joins below).
     equalities: Vec<(Origin, Origin)>,
     /// Origins that are unique keys of their leaf (an index built without duplicates), with
     /// their index's slot count.
-    unique: HashMap<Origin, u64>,
+    pub(super) unique: HashMap<Origin, u64>,
 }
 
 impl Lineage {
@@ -109,7 +100,7 @@ impl Lineage {
     }
 
     /// The origin of `expr` when it is a plain column.
-    fn origin_of(&self, expr: &Arc<dyn PhysicalExpr>) -> Option<Origin> {
+    pub(super) fn origin_of(&self, expr: &Arc<dyn PhysicalExpr>) -> Option<Origin> {
         let col = expr.downcast_ref::<Column>()?;
         self.columns.get(col.index()).copied().flatten()
     }
@@ -152,7 +143,7 @@ fn join_lineage(
 }
 
 /// What is known about `plan`'s output columns (see the module docs).
-fn lineage(plan: &Arc<dyn ExecutionPlan>) -> Lineage {
+pub(super) fn lineage(plan: &Arc<dyn ExecutionPlan>) -> Lineage {
     if plan.downcast_ref::<MphfRelabelExec>().is_some() || plan.children().is_empty() {
         return Lineage::leaf(plan);
     }
@@ -228,56 +219,4 @@ pub(super) fn depends_on_key(
                 .is_some_and(|o| determined.contains(&o) || rows.contains(&o.leaf))
         })
     })
-}
-
-/// DataFusion's row-count estimate of `plan` (exact or inexact).
-fn datafusion_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-    let stats = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
-    stats.num_rows.get_value().map(|&r| r as f64)
-}
-
-/// The estimate of an inner equi-join on a unique indexed key of one side (see the module
-/// docs), or `None` when neither side's key is one.
-fn key_join_rows(left: &Arc<dyn ExecutionPlan>, right: &Arc<dyn ExecutionPlan>, on: JoinOnRef) -> Option<f64> {
-    let (l, r) = (lineage(left), lineage(right));
-    on.iter().find_map(|(a, b)| {
-        let (unique, other, slots) = if let Some(&slots) = l.origin_of(a).and_then(|o| l.unique.get(&o)) {
-            (left, right, slots)
-        } else {
-            let slots = *r.origin_of(b).and_then(|o| r.unique.get(&o))?;
-            (right, left, slots)
-        };
-        let kept = (estimated_rows(unique)? / (slots.max(1) as f64)).min(1.0);
-        Some(estimated_rows(other)? * kept)
-    })
-}
-
-/// Row estimate of `plan` that sees through key–foreign-key joins (see the module docs).
-pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-    let joined = if let Some(j) = plan.downcast_ref::<MphfJoinExec>() {
-        let j = j.join();
-        (*j.join_type() == JoinType::Inner).then(|| key_join_rows(j.left(), j.right(), j.on()))
-    } else if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
-        (*j.join_type() == JoinType::Inner).then(|| key_join_rows(j.left(), j.right(), j.on()))
-    } else if let Some(j) = plan.downcast_ref::<SortMergeJoinExec>() {
-        (j.join_type() == JoinType::Inner).then(|| key_join_rows(j.left(), j.right(), j.on()))
-    } else {
-        None
-    };
-    if let Some(rows) = joined.flatten() {
-        return Some(rows);
-    }
-    let own = datafusion_rows(plan);
-    // One-child nodes (filters, projections, exchanges): the child's estimate scaled by
-    // DataFusion's own ratio between this node and its child.
-    if let [child] = plan.children().as_slice() {
-        if let (Some(mine), Some(theirs), Some(better)) = (own, datafusion_rows(child), estimated_rows(child)) {
-            if theirs > 0.0 {
-                return Some(better * (mine / theirs).min(1.0));
-            }
-        }
-    }
-    own
 }

@@ -9,8 +9,9 @@
 //! - Decline when the index has fewer than [`MIN_SLOTS`] slots: a hash table that small stays in
 //!   cache, DataFusion's vectorized hashing is as fast as an MPHF query, and the slot arrays buy
 //!   nothing (the `l_suppkey` shape with 10k groups at SF1 measured equal in vanilla and DuckDB).
-//! - Decline when the input's row-count estimate ([`estimated_rows`](super::lineage): DataFusion's,
-//!   corrected through joins on unique indexed keys) is known and
+//! - Decline when the input's row-count estimate ([`estimate`](super::estimate): DataFusion's,
+//!   corrected through joins on unique indexed keys and through filters over in-memory tables
+//!   by evaluating them on a sample) is known and
 //!   `input partitions × slots > rows × mphf.aggregate_max_slot_entries_per_row` (default 4):
 //!   every input partition keeps a slot → group array of the full slot count (4 bytes a slot)
 //!   and scans it to emit its partial, so the slot arrays must not outgrow the rows by much.
@@ -23,6 +24,12 @@
 //!   a 1/P share of its slot array at random; GROUP BY l_orderkey + 3 order columns after
 //!   `lineitem ⋈ orders` measured 0.40–0.62× at ratio 4 on 16 partitions (SF 0.1–1) against
 //!   0.76–0.88× declined, and 1.89× at ratio 0.5 on 2 partitions.
+//!   This is also the rule for a filter that leaves few keys: the rows it keeps are what the
+//!   slot arrays are weighed against. TPC-H Q3 at SF 1 (date filters on orders and lineitem,
+//!   30.5K rows and 11.6K of li_ok's 1.5M keys reach the aggregate) ran 0.82–1.15× with the
+//!   operator (14 two-core processes, median ~0.97×: the slot arrays' merge and emission cost
+//!   what hashing 30K rows does); its sampled estimate (0.32M rows, ratio 9.4 on 2
+//!   partitions) now declines it.
 //! - Decline when the indexed column is not clustered: fewer than
 //!   `mphf.aggregate_min_rows_per_run` (default 2) rows per run of equal keys in table order,
 //!   measured when the index is built. The operator queries the MPHF once per run (the lookup
@@ -75,7 +82,8 @@ use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
-use super::lineage::{depends_on_key, estimated_rows};
+use super::estimate::RowEstimator;
+use super::lineage::depends_on_key;
 use super::{MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
@@ -125,12 +133,14 @@ fn gpu_placement(
     key_is_slot: bool,
     slots: u64,
     costing: &Costing,
+    estimates: &RowEstimator,
 ) -> Option<Placement> {
     let wanted = match costing.device {
         Device::Cpu => false,
         Device::Gpu => true,
         Device::Auto => {
-            estimated_rows(agg.input())
+            estimates
+                .rows(agg.input())
                 .is_some_and(|rows| rows >= costing.gpu_min_rows as f64 && rows >= GPU_MIN_ROWS_PER_SLOT * slots as f64)
                 && crate::device::gpu_usable().is_ok()
         }
@@ -155,7 +165,13 @@ impl MphfAggregateRule {
 /// `Some(exec)` when `agg` can run on slots; `Ok(None)` (quiet fallback) otherwise. `merge`:
 /// the node is meant for the SlotMerge form (on the GPU: one partial for all input partitions,
 /// so no per-partition slot arrays to cost).
-pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool) -> Result<Option<MphfAggregateExec>> {
+/// `estimates` holds the row estimates of the pass (see [`RowEstimator`]).
+fn try_as_mphf_aggregate(
+    agg: &AggregateExec,
+    costing: &Costing,
+    merge: bool,
+    estimates: &RowEstimator,
+) -> Result<Option<MphfAggregateExec>> {
     // Partial, Single and SinglePartitioned read raw rows; Final modes merge states of possibly
     // different keys per partition and stay DataFusion's; PartialReduce is left alone.
     if !matches!(
@@ -183,13 +199,13 @@ pub fn try_as_mphf_aggregate(agg: &AggregateExec, costing: &Costing, merge: bool
     let index = handle.index();
     let slots = index.len();
     let slot_entries_fit = |limit: f64| {
-        estimated_rows(agg.input()).is_none_or(|rows| {
+        estimates.rows(agg.input()).is_none_or(|rows| {
             let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
             partitions * slots as f64 <= rows * limit
         })
     };
     // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
-    if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing) {
+    if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing, estimates) {
         if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned) {
             let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
             return Ok(Some(exec));
@@ -252,23 +268,29 @@ fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, 
 }
 
 /// Replaces eligible aggregates bottom-up; with `merge`, also fuses `Final ← exchange ←
-/// Partial` into the slot-range merge.
-fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
-        let Some(agg) = node.downcast_ref::<AggregateExec>() else {
-            return Ok(Transformed::no(node));
-        };
-        if merge {
-            if let Some(exec) = try_as_merged(agg) {
-                return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
+/// Partial` into the slot-range merge. Also says whether it made such a merged node.
+fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
+    // The caller holds the plan for the whole pass: the estimator's node addresses stay valid.
+    let estimates = RowEstimator::new();
+    let mut merged_any = false;
+    let plan = plan
+        .transform_up(|node| {
+            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if merge {
+                if let Some(exec) = try_as_merged(agg) {
+                    merged_any = true;
+                    return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
+                }
             }
-        }
-        match try_as_mphf_aggregate(agg, costing, merge)? {
-            Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
-            None => Ok(Transformed::no(node)),
-        }
-    })
-    .data()
+            match try_as_mphf_aggregate(agg, costing, merge, &estimates)? {
+                Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
+                None => Ok(Transformed::no(node)),
+            }
+        })
+        .data()?;
+    Ok((plan, merged_any))
 }
 
 /// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
@@ -332,13 +354,14 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             gpu_min_rows: cfg.aggregate_gpu_min_rows,
             gpu_emulation: cfg.gpu_emulation,
         };
-        let merged = rewrite(Arc::clone(&plan), true, &costing)?;
+        let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above
-        // relies on that (DataFusion's own sanity check of distributions and orderings).
-        if SanityCheckPlan::new().optimize(Arc::clone(&merged), config).is_ok() {
+        // relies on that (DataFusion's own sanity check of distributions and orderings). The
+        // per-partition form keeps every property of the node it replaces: no check needed.
+        if !merged_any || SanityCheckPlan::new().optimize(Arc::clone(&merged), config).is_ok() {
             return Ok(merged);
         }
-        rewrite(plan, false, &costing)
+        Ok(rewrite(Arc::clone(&plan), false, &costing)?.0)
     }
 
     fn name(&self) -> &str {
