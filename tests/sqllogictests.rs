@@ -186,14 +186,7 @@ impl MphfDb {
 fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     // Costing off: every GROUP BY on an indexed key runs on MphfAggregateExec, so the vanilla
     // cross-check (see the module docs) covers the operator even on small tables.
-    let mut mphf_options = MphfConfig::default();
-    mphf_options.aggregate_min_slots = 0;
-    mphf_options.join_min_slots = 0;
-    mphf_options.join_yield_to_array_map = false;
-    mphf_options.join_min_probe_rows_per_run = 0.0;
-    mphf_options.aggregate_min_rows_per_run = 0.0;
-    mphf_options.aggregate_max_slot_entries_per_row = f64::INFINITY;
-    mphf_options.aggregate_max_slot_entries_per_row_partitioned = f64::INFINITY;
+    let mphf_options = MphfConfig::default().without_costing();
     let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     if name.starts_with("tpch") {

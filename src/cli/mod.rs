@@ -9,6 +9,7 @@ pub mod bench_build;
 pub mod bench_slots;
 pub mod build;
 pub mod demo;
+pub mod difftest;
 pub mod inspect;
 pub mod lookup;
 pub mod parquet_io;
@@ -49,6 +50,10 @@ pub enum Command {
     Tpch(tpch::TpchArgs),
     /// The main job: TPC-H in memory, MPHF indexes, GROUP BY / JOIN with and without them.
     Demo(demo::DemoArgs),
+    /// The differential SQL test: generated queries in vanilla DataFusion and in the MPHF
+    /// sessions (default costing, costing off), rows compared; writes what
+    /// `benches/duckdb_diff.py` compares with DuckDB.
+    Difftest(difftest::DifftestArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -80,6 +85,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Sql(args) => block_on(sql::run(args)),
         Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
         Command::Demo(args) => block_on(demo::run(args, demo::Suite::Demo)),
+        Command::Difftest(args) => block_on(difftest::run(args)),
         Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
         Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args, demo::Suite::GroupBy)),
         Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),

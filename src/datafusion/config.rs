@@ -100,6 +100,19 @@ impl MphfConfig {
         self.lookup_device.parse()
     }
 
+    /// The same options with every costing threshold off: the operators run wherever they
+    /// apply (tests and the differential check use it to reach every operator path).
+    pub fn without_costing(mut self) -> Self {
+        self.aggregate_min_slots = 0;
+        self.aggregate_min_rows_per_run = 0.0;
+        self.aggregate_max_slot_entries_per_row = f64::INFINITY;
+        self.aggregate_max_slot_entries_per_row_partitioned = f64::INFINITY;
+        self.join_min_slots = 0;
+        self.join_min_probe_rows_per_run = 0.0;
+        self.join_yield_to_array_map = false;
+        self
+    }
+
     /// True when a stale saved index must be refused instead of rebuilt.
     pub fn refuse_stale(&self) -> bool {
         self.on_stale.eq_ignore_ascii_case("refuse")

@@ -17,7 +17,8 @@
 //! Module map: [`udf`] (the function and how it finds its index), [`table`] (`MphfTable`),
 //! [`registry`] (live indexes, the session registry, the hook for optimizer rules),
 //! [`context`] (statement execution), [`statements`] (parsing), [`persist`] (saved indexes and
-//! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping), and the operators:
+//! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping), [`union_labels`] (UNIONs of
+//! differently indexed inputs), and the operators:
 //! [`aggregate`] (`MphfAggregateExec`, GROUP BY on slots) and [`join`] (`MphfJoinExec`, hash
 //! joins on slot tables), each with the optimizer rule that installs it.
 
@@ -32,6 +33,7 @@ pub mod statements;
 pub mod table;
 pub mod tpch;
 pub mod udf;
+pub mod union_labels;
 
 pub use aggregate::{MphfAggregateExec, MphfAggregateRule};
 pub use config::MphfConfig;

@@ -42,7 +42,7 @@ use rayon::prelude::*;
 
 use super::staging::split_by_lens;
 use super::{kernels, GpuContext};
-use crate::core::column::keys::probe_castable;
+use crate::core::column::keys::{cast_probe_exact, probe_castable};
 use crate::core::column::{ColumnIndex, KeyType, ABSENT};
 use crate::core::hash::{hash_bytes, int_hash_seeds};
 use crate::core::memo::Memo;
@@ -499,7 +499,7 @@ impl GpuIndex {
                 probe.data_type()
             ));
         }
-        arrow::compute::cast(probe, &dt)
+        cast_probe_exact(probe, &dt)
             .map(Some)
             .map_err(|e| format!("casting the probe: {e}"))
     }

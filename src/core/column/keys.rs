@@ -197,6 +197,24 @@ fn family(dt: &DataType) -> Option<Family> {
     }
 }
 
+/// `probe` cast to the key type `dt` (checked with [`probe_castable`]) as SQL's `=` compares:
+/// a date or timestamp that the cast truncates (a timestamp probe of a date key, nanoseconds of
+/// a microsecond key) equals no key, so it becomes NULL (no slot) instead of the truncated
+/// value. Integers out of the key type's range already cast to NULL; strings cast exactly.
+pub(crate) fn cast_probe_exact(probe: &dyn Array, dt: &DataType) -> Result<ArrayRef, arrow::error::ArrowError> {
+    let cast = arrow::compute::cast(probe, dt)?;
+    if family(dt) != Some(Family::Temporal) {
+        return Ok(cast);
+    }
+    let base = match probe.data_type() {
+        DataType::Dictionary(_, values) => arrow::compute::cast(probe, values)?,
+        _ => arrow::array::make_array(probe.to_data()),
+    };
+    let back = arrow::compute::cast(&cast, base.data_type())?;
+    let same = arrow::compute::kernels::cmp::eq(&back, &base)?;
+    arrow::compute::nullif(&cast, &arrow::compute::not(&same)?)
+}
+
 /// True when a probe of type `from` may be cast to the key type `to`: same family (integers,
 /// dates/timestamps, strings/binaries), a dictionary of such values, or the Null type.
 pub(crate) fn probe_castable(from: &DataType, to: &DataType) -> bool {

@@ -37,7 +37,9 @@ use arrow::datatypes::{DataType, TimeUnit};
 use rayon::prelude::*;
 
 use self::dense::DenseSlots;
-use self::keys::{arrow_type_of, key_type_of, probe_castable, with_col, with_pair, ColFn, ColKeySet, KeyCol, PairFn};
+use self::keys::{
+    arrow_type_of, cast_probe_exact, key_type_of, probe_castable, with_col, with_pair, ColFn, ColKeySet, KeyCol, PairFn,
+};
 use self::row_slots::RowSlots;
 use super::flat::FlatMphf;
 use crate::core::build::BucketSolver;
@@ -519,7 +521,7 @@ impl ColumnIndex {
                 probe: probe.data_type().to_string(),
             });
         }
-        Ok(Some(arrow::compute::cast(probe, &dt)?))
+        Ok(Some(cast_probe_exact(probe, &dt)?))
     }
 
     /// Slots of a probe array as an Arrow array of [`ColumnIndex::slot_type`]; NULL for NULL

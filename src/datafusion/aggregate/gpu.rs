@@ -61,6 +61,9 @@ enum Quantity {
     Rows,
     /// Non-NULL values of the aggregate's column.
     NonNull,
+    /// `avg`'s count: the non-NULL values, but NULL for a group without one (DataFusion's avg
+    /// state masks both of its fields, so a merge never counts such a group as seen).
+    AvgCount,
     /// Sum of the column.
     Sum,
     /// Minimum of the column.
@@ -124,7 +127,7 @@ fn integer_kind(dt: &DataType) -> Option<bool> {
 /// float results as floats.
 fn state_type_fits(q: Quantity, dt: &DataType, integer: bool) -> bool {
     match q {
-        Quantity::Rows | Quantity::NonNull => matches!(dt, DataType::Int64 | DataType::UInt64),
+        Quantity::Rows | Quantity::NonNull | Quantity::AvgCount => matches!(dt, DataType::Int64 | DataType::UInt64),
         _ if integer => integer_kind(dt) == Some(true) || matches!(dt, DataType::UInt64 | DataType::Float64),
         _ => integer_kind(dt) == Some(false),
     }
@@ -174,7 +177,7 @@ impl GpuAggregation {
             ("sum", None) => (vec![Quantity::Sum], Some(AggOp::Sum)),
             ("min", None) => (vec![Quantity::Min], Some(AggOp::Min)),
             ("max", None) => (vec![Quantity::Max], Some(AggOp::Max)),
-            ("avg", None) => (vec![Quantity::NonNull, Quantity::Sum], Some(AggOp::Avg)),
+            ("avg", None) => (vec![Quantity::AvgCount, Quantity::Sum], Some(AggOp::Avg)),
             _ => return Err(format!("aggregate {}", a.name())),
         };
         if quantities.len() != state_fields.len() {
@@ -386,20 +389,27 @@ fn state_array(
     column: Option<&ColumnResult>,
     touched: &[usize],
 ) -> std::result::Result<ArrayRef, String> {
-    let counted = |v: &[u64]| -> ArrayRef {
+    let counted = |v: &[u64], nulls: Option<NullBuffer>| -> ArrayRef {
         if dt == &DataType::UInt64 {
-            Arc::new(UInt64Array::from(gather(touched, |s| v[s])))
+            Arc::new(UInt64Array::new(gather(touched, |s| v[s]).into(), nulls))
         } else {
-            Arc::new(Int64Array::from(gather(touched, |s| v[s] as i64)))
+            Arc::new(Int64Array::new(gather(touched, |s| v[s] as i64).into(), nulls))
         }
     };
     let column = match (q, column) {
-        (Quantity::Rows, _) => return Ok(counted(counts)),
+        (Quantity::Rows, _) => return Ok(counted(counts, None)),
         (_, None) => return Err("a GPU aggregate lost its column".into()),
         (_, Some(c)) => c,
     };
-    if q == Quantity::NonNull {
-        return Ok(counted(&column.non_null));
+    // Groups without a non-NULL value have a NULL state (but `count(x)`'s 0).
+    let nulls = touched
+        .iter()
+        .any(|&s| column.non_null[s] == 0)
+        .then(|| NullBuffer::from(gather(touched, |s| column.non_null[s] > 0)));
+    match q {
+        Quantity::NonNull => return Ok(counted(&column.non_null, None)),
+        Quantity::AvgCount => return Ok(counted(&column.non_null, nulls)),
+        _ => {}
     }
     let values = match q {
         Quantity::Sum => column.sum.as_ref(),
@@ -407,11 +417,6 @@ fn state_array(
         _ => column.max.as_ref(),
     }
     .ok_or("the GPU skipped an aggregate")?;
-    // Groups without a non-NULL value have a NULL state.
-    let nulls = touched
-        .iter()
-        .any(|&s| column.non_null[s] == 0)
-        .then(|| NullBuffer::from(gather(touched, |s| column.non_null[s] > 0)));
     let array: ArrayRef = match (values, dt) {
         (Values::I64(v), DataType::Decimal128(_, _)) => {
             Arc::new(Decimal128Array::new(gather(touched, |s| v[s] as i128).into(), nulls).with_data_type(dt.clone()))

@@ -7,8 +7,9 @@
 //!    the states of the slots it touched, in slot order ([`PartialSlots`]).
 //! 2. **Slot-range merge**: output partition `p` of `P` owns the slots `[p·n/P, (p+1)·n/P)`.
 //!    It binary-searches that range in every partial, merges the states with `merge_batch`
-//!    (group index = slot − range start) and emits the touched slots of its range in slot order,
-//!    keys read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
+//!    (group ids handed out on a slot's first touch, as DataFusion's own hash aggregation
+//!    does: its accumulators' null tracking relies on it) and emits the touched slots of its
+//!    range in slot order, keys read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
 //!    not in the index) by their row-format key.
 //!
 //! On the GPU placement, step 1 is one partial for all input partitions: their batches are
@@ -303,6 +304,8 @@ struct Stages {
 
 /// `canon_of` value of a slot whose canonical dependent values are not set yet.
 const NO_CANON: u32 = u32::MAX;
+/// `group_of` value of a canonical group that has no accumulator group id yet.
+const NO_GROUP: u32 = u32::MAX;
 
 /// A group of a range after its slots' canonical groups.
 enum OtherGroup {
@@ -412,14 +415,19 @@ fn merge_range(
         .map(|a| a.state_fields().map(|f| f.len()))
         .collect::<Result<_>>()?;
     let range = RangeGroups::new(partials, lo, hi);
-    // Canonical groups are 0..n_canon; mismatch and fallback groups follow.
+    // Canonical groups are the range's slots (or its touched slots, compact); each gets its
+    // accumulator group id on first touch, as do mismatch and fallback groups. DataFusion's
+    // accumulators rely on that order: after a batch without NULLs their null tracking marks
+    // every group below `total_num_groups` as seen, so a group id handed out before its first
+    // row would report an all-NULL group as `sum` 0 instead of NULL.
     let n_canon = range.len();
-    let mut touched = vec![false; n_canon];
+    let mut group_of = vec![NO_GROUP; n_canon];
+    let mut n_groups = 0usize;
     // Canonical dependent values of the range's slots: the first partial's that touched it.
     let mut canon_of = if has_deps { vec![NO_CANON; n_canon] } else { Vec::new() };
     let mut canon = ByteRows::default();
-    // Groups `n_canon + k`: mismatches and fallback groups, by a tagged byte key.
-    let mut others: Vec<OtherGroup> = Vec::new();
+    // Mismatch and fallback groups, by a tagged byte key, with their group ids.
+    let mut others: Vec<(OtherGroup, usize)> = Vec::new();
     let mut other_of = std::collections::HashMap::<Box<[u8]>, usize>::new();
     let mut other_deps = ByteRows::default();
     let mut fallback_keys: Vec<&[u8]> = Vec::new();
@@ -435,38 +443,47 @@ fn merge_range(
         for j in in_range {
             let slot = part.slots[j] - lo;
             let s = range.group(slot);
-            touched[s] = true;
             picked.push(j as u32);
+            let g = match group_of[s] {
+                NO_GROUP => {
+                    group_of[s] = n_groups as u32;
+                    n_groups += 1;
+                    n_groups - 1
+                }
+                g => g as usize,
+            };
             if !has_deps {
-                groups.push(s);
+                groups.push(g);
                 continue;
             }
             let dep = part.deps.get(j);
             if canon_of[s] == NO_CANON {
                 canon_of[s] = canon.len() as u32;
                 canon.push(dep);
-                groups.push(s);
+                groups.push(g);
             } else if canon.get(canon_of[s] as usize) == dep {
-                groups.push(s);
+                groups.push(g);
             } else {
                 let mut tag = Vec::with_capacity(9 + dep.len());
                 tag.push(0u8);
                 tag.extend_from_slice(&(slot as u64).to_le_bytes());
                 tag.extend_from_slice(dep);
-                let next = others.len();
                 let k = *other_of.entry(tag.into_boxed_slice()).or_insert_with(|| {
-                    others.push(OtherGroup::Member {
-                        slot,
-                        dep: other_deps.len(),
-                    });
+                    others.push((
+                        OtherGroup::Member {
+                            slot,
+                            dep: other_deps.len(),
+                        },
+                        n_groups,
+                    ));
+                    n_groups += 1;
                     other_deps.push(dep);
-                    next
+                    others.len() - 1
                 });
-                groups.push(n_canon + k);
+                groups.push(others[k].1);
             }
         }
         if !groups.is_empty() {
-            let total = n_canon + others.len();
             // Without mismatches in the partial, its rows of the range are contiguous.
             let contiguous = mismatches.is_empty();
             let indices = UInt32Array::from(picked.clone());
@@ -482,7 +499,7 @@ fn merge_range(
                         }
                     })
                     .collect::<Result<Vec<ArrayRef>>>()?;
-                acc.merge_batch(&states, &groups, total)?;
+                acc.merge_batch(&states, &groups, n_groups)?;
                 col += w;
             }
         }
@@ -492,37 +509,37 @@ fn merge_range(
                 let mut tag = Vec::with_capacity(1 + key.len());
                 tag.push(1u8);
                 tag.extend_from_slice(key);
-                let next = others.len();
                 let k = *other_of.entry(tag.into_boxed_slice()).or_insert_with(|| {
-                    others.push(OtherGroup::Fallback);
+                    others.push((OtherGroup::Fallback, n_groups));
+                    n_groups += 1;
                     fallback_keys.push(key);
-                    next
+                    others.len() - 1
                 });
-                groups.push(n_canon + k);
+                groups.push(others[k].1);
             }
-            let total = n_canon + others.len();
             let mut col = 0;
             for (acc, &w) in accs.iter_mut().zip(&widths) {
-                acc.merge_batch(&part.fallback_states[col..col + w], &groups, total)?;
+                acc.merge_batch(&part.fallback_states[col..col + w], &groups, n_groups)?;
                 col += w;
             }
         }
     }
-    let n_touched = touched.iter().filter(|&&t| t).count();
+    let n_touched = group_of.iter().filter(|&&g| g != NO_GROUP).count();
     slots_touched.add(n_touched);
-    if n_touched == 0 && others.is_empty() {
+    if n_groups == 0 {
         return Ok(RecordBatch::new_empty(schema));
     }
     // Emission: canonical slot groups in slot order, mismatch groups, fallback groups.
-    let mut order: Vec<u32> = (0..n_canon as u32).filter(|&s| touched[s as usize]).collect();
-    let mut member_slots: Vec<u64> = order.iter().map(|&g| (lo + range.slot(g as usize)) as u64).collect();
+    let canonical: Vec<usize> = (0..n_canon).filter(|&s| group_of[s] != NO_GROUP).collect();
+    let mut order: Vec<u32> = canonical.iter().map(|&s| group_of[s]).collect();
+    let mut member_slots: Vec<u64> = canonical.iter().map(|&s| (lo + range.slot(s)) as u64).collect();
     let mut member_deps: Vec<&[u8]> = Vec::new();
     if has_deps {
-        member_deps.extend(order.iter().map(|&s| canon.get(canon_of[s as usize] as usize)));
+        member_deps.extend(canonical.iter().map(|&s| canon.get(canon_of[s] as usize)));
     }
-    for (k, other) in others.iter().enumerate() {
+    for (other, g) in &others {
         if let OtherGroup::Member { slot, dep } = other {
-            order.push((n_canon + k) as u32);
+            order.push(*g as u32);
             member_slots.push((lo + slot) as u64);
             member_deps.push(other_deps.get(*dep));
         }
@@ -530,9 +547,8 @@ fn merge_range(
     order.extend(
         others
             .iter()
-            .enumerate()
-            .filter(|(_, o)| matches!(o, OtherGroup::Fallback))
-            .map(|(k, _)| (n_canon + k) as u32),
+            .filter(|(o, _)| matches!(o, OtherGroup::Fallback))
+            .map(|(_, g)| *g as u32),
     );
     let key = member_keys(&grouping, &exec.index, UInt64Array::from(member_slots))?;
     let mut parts = vec![grouping.assemble(key, grouping.decode_deps(member_deps.into_iter())?)?];
