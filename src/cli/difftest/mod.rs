@@ -1,14 +1,17 @@
 //! `mphf difftest`: the differential SQL test. Generated tables and seeded queries (see
-//! [`tables`] and [`queries`]), each query run in three sessions that must agree:
+//! [`tables`] and [`queries`]), each query run in sessions that must agree:
 //!
 //! 1. **reference**: vanilla DataFusion (a plain `SessionContext`), or, for queries that call
 //!    `mphf_index`, the extension with both operators off;
 //! 2. **default**: the extension with its default settings;
 //! 3. **costing off**: the extension with every costing threshold off, so that the operators
-//!    run wherever they apply.
+//!    run wherever they apply;
+//! 4. **GPU emulation**: costing off, GROUP BYs on the GPU placement with its algorithm run on
+//!    the CPU (`mphf.gpu_emulation`), so that its conversion of per-slot results into
+//!    accumulator states is checked on machines without a GPU.
 //!
 //! Each query runs at a seed-chosen `target_partitions` (1–8) and `batch_size` (100–8192),
-//! the same in the three sessions. A panic is caught and reported like an error. The tables
+//! the same in every session. A panic is caught and reported like an error. The tables
 //! are in memory, or Parquet files (with their indexes saved next to them), or both.
 //!
 //! The run writes what `benches/duckdb_diff.py` compares with DuckDB: the tables as Parquet
@@ -139,16 +142,17 @@ impl fmt::Display for Settings {
     }
 }
 
-/// The three sessions over one set of tables (plus the extension with its operators off, the
-/// reference of `mphf_index` queries).
+/// The sessions over one set of tables (the reference of `mphf_index` queries is the extension
+/// with its operators off).
 struct Sessions {
     vanilla: SessionContext,
     operators_off: MphfContext,
     default: MphfContext,
     costing_off: MphfContext,
+    gpu_emulation: MphfContext,
 }
 
-/// A session of one of the three kinds.
+/// A plain or an MPHF session.
 enum Session<'a> {
     Plain(&'a SessionContext),
     Mphf(&'a MphfContext),
@@ -192,16 +196,22 @@ impl Sessions {
             ..MphfConfig::default()
         };
         let mphf = |cfg: MphfConfig| MphfContext::with_config(SessionConfig::new().with_option_extension(cfg));
+        let gpu = MphfConfig {
+            aggregate_device: "gpu".to_string(),
+            gpu_emulation: true,
+            ..MphfConfig::default().without_costing()
+        };
         Self {
             vanilla: SessionContext::new(),
             operators_off: mphf(off),
             default: mphf(MphfConfig::default()),
             costing_off: mphf(MphfConfig::default().without_costing()),
+            gpu_emulation: mphf(gpu),
         }
     }
 
-    fn mphf(&self) -> [&MphfContext; 3] {
-        [&self.operators_off, &self.default, &self.costing_off]
+    fn mphf(&self) -> [&MphfContext; 4] {
+        [&self.operators_off, &self.default, &self.costing_off, &self.gpu_emulation]
     }
 
     /// Registers `tables` in memory (`partitions` partitions each) in every session.
@@ -245,7 +255,7 @@ impl Sessions {
         Ok(())
     }
 
-    /// Runs `query` in the three sessions; the reference's rows, or why it failed.
+    /// Runs `query` in every session; the reference's rows, or why it failed.
     async fn check(&self, query: &Query, settings: Settings) -> std::result::Result<Rows, Check> {
         let reference = if query.duckdb {
             Session::Plain(&self.vanilla)
@@ -256,7 +266,12 @@ impl Sessions {
             .run_caught(&query.sql, settings)
             .await
             .map_err(|e| Check::Reference(e.to_string()))?;
-        for (name, session) in [("default", &self.default), ("costing off", &self.costing_off)] {
+        let sessions = [
+            ("default", &self.default),
+            ("costing off", &self.costing_off),
+            ("GPU emulation", &self.gpu_emulation),
+        ];
+        for (name, session) in sessions {
             match Session::Mphf(session).run_caught(&query.sql, settings).await {
                 Err(e) => return Err(Check::Failed(format!("{name}: error: {e}"))),
                 Ok(rows) => {

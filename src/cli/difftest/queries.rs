@@ -149,12 +149,26 @@ impl Generator {
         }
     }
 
+    /// A WHERE clause over the fact side `x.` of a join of type `jt`. Above a RIGHT or FULL
+    /// join no `IS NULL` test of that side: DataFusion 55 pushes such a filter of the joined
+    /// output into the other side's Parquet scan (row-group pruning by null counts), and vanilla
+    /// DataFusion, the reference, returns too few rows (the extension's join does not take the
+    /// pushdown and agrees with DuckDB).
+    fn join_filter(&mut self, jt: &str) -> String {
+        loop {
+            let f = self.filter("x.");
+            if !(jt.starts_with("RIGHT") || jt.starts_with("FULL")) || !f.contains("IS NULL") {
+                return f;
+            }
+        }
+    }
+
     /// A fact table name.
     fn fact(&mut self) -> &'static str {
-        if self.rng.chance(0.7) {
-            "f"
-        } else {
-            "g"
+        match self.rng.below(10) {
+            0..=4 => "f",
+            5..=6 => "g",
+            _ => "h",
         }
     }
 
@@ -310,7 +324,7 @@ impl Generator {
     fn join_group_by(&mut self) -> Query {
         let t = self.fact();
         let jt = *self.rng.pick(&["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]);
-        let filter = self.filter("x.");
+        let filter = self.join_filter(jt);
         match self.rng.below(3) {
             0 => {
                 let g = *self.rng.pick(&["y.cat", "x.id", "y.id", "y.flag", "x.s"]);
@@ -398,7 +412,7 @@ impl Generator {
     fn join_rows(&mut self) -> Query {
         let t = self.fact();
         let jt = *self.rng.pick(&["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]);
-        let filter = self.filter("x.");
+        let filter = self.join_filter(jt);
         let tail = self.order_limit(4);
         Query {
             sql: format!("SELECT x.id, x.q, y.cat, y.flag FROM {t} x {jt} dm y ON x.id = y.id{filter}{tail}"),

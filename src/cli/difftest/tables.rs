@@ -1,5 +1,6 @@
-//! The generated tables of the differential test: two fact tables of the same shape (`f`, `g`,
-//! for UNION ALL) and two dimensions (`dm` keyed by the sparse id, `ds` keyed by the string).
+//! The generated tables of the differential test: three fact tables of the same shape (`f`, `g`
+//! for UNION ALL, and `h`, larger and clustered by key, so that the default costing takes the
+//! operators) and two dimensions (`dm` keyed by the sparse id, `ds` keyed by the string).
 //!
 //! What the data must provoke (each a class of bug the extension has had):
 //! - sparse 64-bit ids, strings with Unicode and shared prefixes, dates, timestamps, Int32 and
@@ -73,9 +74,9 @@ struct Pools {
 
 impl Pools {
     fn new(rng: &mut Rng) -> Self {
-        let ids = (0..600).map(|_| rng.next_u64() as i64).collect();
+        let ids = (0..6_000).map(|_| rng.next_u64() as i64).collect();
         let words = ["pre", "prefix", "préfixe", "ключ", "键", "a b", "", "Zeta", "ß"];
-        let strings = (0..300)
+        let strings = (0..5_000)
             .map(|i| {
                 let w = rng.pick(&words);
                 match i % 4 {
@@ -149,9 +150,18 @@ fn batch_lengths(rng: &mut Rng, rows: usize) -> Vec<usize> {
     out
 }
 
-/// A fact table of `rows` rows whose keys come from the first `share` of each pool.
-fn fact(name: &'static str, rng: &mut Rng, pools: &Pools, rows: usize, share: f64) -> Result<Table> {
-    let part = |n: usize| ((n as f64 * share) as usize).max(1);
+/// The shape of a fact table.
+struct FactShape {
+    rows: usize,
+    /// The table's ids and strings are the first `share` of their pools.
+    share: f64,
+    /// Rows come in runs of one id (1 to 8 rows), as in a table sorted by its key.
+    clustered: bool,
+}
+
+/// A fact table (see [`FactShape`]).
+fn fact(name: &'static str, rng: &mut Rng, pools: &Pools, shape: FactShape) -> Result<Table> {
+    let part = |n: usize| ((n as f64 * shape.share) as usize).max(1);
     let (n_ids, n_str) = (part(pools.ids.len()), part(pools.strings.len()));
     let mut cols: (
         Vec<_>,
@@ -165,8 +175,13 @@ fn fact(name: &'static str, rng: &mut Rng, pools: &Pools, rows: usize, share: f6
         Vec<_>,
         Vec<_>,
     ) = Default::default();
-    for _ in 0..rows {
-        let id_pos = rng.below(n_ids);
+    let (mut id_pos, mut run_left) = (0, 0);
+    for _ in 0..shape.rows {
+        if run_left == 0 {
+            id_pos = rng.below(n_ids);
+            run_left = if shape.clustered { 1 + rng.below(8) } else { 1 };
+        }
+        run_left -= 1;
         let id = maybe(rng, 0.04, |_| pools.ids[id_pos]);
         // Every row of some keys has NULL values: all-NULL groups.
         let null_values = id_pos % 11 == 3;
@@ -218,8 +233,8 @@ fn table(name: &'static str, rng: &mut Rng, schema: SchemaRef, columns: Vec<Arra
     Ok(Table { name, schema, batches })
 }
 
-/// The dimension keyed by id: 70% of the id pool, ids no fact has, a NULL id and a few
-/// duplicated ids.
+/// The dimension keyed by id: 70% of the id pool (over 4096 keys, so that the default costing
+/// takes joins on it), ids no fact has, a NULL id and a few duplicated ids.
 fn dim_ids(rng: &mut Rng, pools: &Pools) -> Result<Table> {
     let cats = ["red", "green", "blue", "cyan", "ochre"];
     let mut ids: Vec<Option<i64>> = pools.ids.iter().filter(|_| rng.chance(0.7)).map(|&i| Some(i)).collect();
@@ -248,7 +263,8 @@ fn dim_ids(rng: &mut Rng, pools: &Pools) -> Result<Table> {
     table("dm", rng, schema, columns)
 }
 
-/// The dimension keyed by the string: 60% of the string pool, unique, plus strings no fact has.
+/// The dimension keyed by the string: 60% of the string pool (some 3000), unique, plus strings
+/// no fact has.
 fn dim_strings(rng: &mut Rng, pools: &Pools) -> Result<Table> {
     let mut keys: Vec<String> = pools.strings.iter().filter(|_| rng.chance(0.6)).cloned().collect();
     keys.sort();
@@ -269,18 +285,32 @@ fn dim_strings(rng: &mut Rng, pools: &Pools) -> Result<Table> {
 pub fn generate(seed: u64) -> Result<Vec<Table>> {
     let mut rng = Rng::new(seed);
     let pools = Pools::new(&mut rng);
-    let f_rows = 2_000 + rng.below(3_000);
-    let g_rows = 500 + rng.below(1_500);
+    let f = FactShape {
+        rows: 2_000 + rng.below(3_000),
+        share: 0.1,
+        clustered: false,
+    };
+    let g = FactShape {
+        rows: 500 + rng.below(1_500),
+        share: 0.06,
+        clustered: false,
+    };
+    let h = FactShape {
+        rows: 30_000 + rng.below(20_000),
+        share: 1.0,
+        clustered: true,
+    };
     Ok(vec![
-        fact("f", &mut rng, &pools, f_rows, 1.0)?,
-        fact("g", &mut rng, &pools, g_rows, 0.6)?,
+        fact("f", &mut rng, &pools, f)?,
+        fact("g", &mut rng, &pools, g)?,
+        fact("h", &mut rng, &pools, h)?,
         dim_ids(&mut rng, &pools)?,
         dim_strings(&mut rng, &pools)?,
     ])
 }
 
 /// The indexes every MPHF session creates: `(index name, table, column)`.
-pub const INDEXES: [(&str, &str, &str); 14] = [
+pub const INDEXES: [(&str, &str, &str); 20] = [
     ("f_id", "f", "id"),
     ("f_s", "f", "s"),
     ("f_d", "f", "d"),
@@ -293,6 +323,12 @@ pub const INDEXES: [(&str, &str, &str); 14] = [
     ("g_ts", "g", "ts"),
     ("g_i", "g", "i"),
     ("g_u", "g", "u"),
+    ("h_id", "h", "id"),
+    ("h_s", "h", "s"),
+    ("h_d", "h", "d"),
+    ("h_ts", "h", "ts"),
+    ("h_i", "h", "i"),
+    ("h_u", "h", "u"),
     ("dm_id", "dm", "id"),
     ("ds_s", "ds", "s"),
 ];
