@@ -296,6 +296,33 @@ fn errors_are_clear() {
     );
     let e = fails(&["inspect", &files.path("none.mphf")]);
     assert!(e.contains("none.mphf: No such file or directory"), "{e}");
+    for threads in ["0", "100000"] {
+        let e = fails(&[
+            "build",
+            "--input",
+            &data,
+            "--column",
+            "id",
+            "--threads",
+            threads,
+            "--output",
+            &index,
+        ]);
+        assert!(
+            e.contains(&format!("--threads must be between 1 and 1024, got {threads}")),
+            "{e}"
+        );
+    }
+    let e = fails(&[
+        "tpch",
+        "--scale",
+        "0.001",
+        "--threads",
+        "5000",
+        "--output",
+        &files.path("t"),
+    ]);
+    assert!(e.contains("--threads must be between 1 and 1024, got 5000"), "{e}");
 }
 
 /// `mphf tpch` then `mphf sql` twice: dense slots, and the second run reuses the saved index.

@@ -163,15 +163,30 @@ impl ParamArgs {
     /// # Errors
     /// [`MphfError::InvalidParameter`] for ℓ or b out of range, or zero threads.
     pub fn options(&self) -> Result<IndexOptions, MphfError> {
-        if self.threads == Some(0) {
-            return Err(MphfError::InvalidParameter("--threads must be at least 1".into()));
-        }
+        check_threads(self.threads)?;
         Ok(IndexOptions {
             params: Params::try_new(self.leaf, self.bucket, self.rotation)?,
             seed: self.seed,
             threads: self.threads,
             solver: None,
         })
+    }
+}
+
+/// The most worker threads `--threads` accepts: far above any core count, far below what the
+/// system takes seconds to start (100 000 threads took over 300 s).
+pub const MAX_THREADS: usize = 1024;
+
+/// `--threads` within `1..=MAX_THREADS`.
+///
+/// # Errors
+/// [`MphfError::InvalidParameter`] naming the range.
+pub fn check_threads(threads: Option<usize>) -> Result<(), MphfError> {
+    match threads {
+        Some(t) if t == 0 || t > MAX_THREADS => Err(MphfError::InvalidParameter(format!(
+            "--threads must be between 1 and {MAX_THREADS}, got {t}"
+        ))),
+        _ => Ok(()),
     }
 }
 

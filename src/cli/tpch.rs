@@ -107,6 +107,7 @@ pub fn run(args: TpchArgs) -> Result<()> {
         args.tables.iter().map(String::as_str).collect()
     };
     std::fs::create_dir_all(&args.output).with_context(|| format!("creating {}", args.output.display()))?;
+    super::check_threads(args.threads)?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -1,7 +1,56 @@
 //! `MphfConfig`: session options under the `mphf` prefix, settable with `SET mphf.<key> = ...`.
+//!
+//! Options with a fixed set of values are typed ([`Device`], [`OnStale`]): `SET` parses the
+//! value and rejects a bad one with the accepted values, before anything is stored, so a typo
+//! never breaks the statements after it.
+
+use std::fmt;
+use std::str::FromStr;
 
 use ::datafusion::common::config::ConfigExtension;
-use ::datafusion::common::extensions_options;
+use ::datafusion::common::{config_field, extensions_options, DataFusionError};
+
+use crate::device::Device;
+
+/// `mphf.on_stale`: what to do with a saved index that no longer matches its data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnStale {
+    /// Rebuild it (and save the new one).
+    #[default]
+    Rebuild,
+    /// Fail the statement that needs it.
+    Refuse,
+}
+
+impl FromStr for OnStale {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "rebuild" => Ok(OnStale::Rebuild),
+            "refuse" => Ok(OnStale::Refuse),
+            other => Err(format!(
+                "unknown stale-index policy '{other}' (expected rebuild or refuse)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OnStale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OnStale::Rebuild => "rebuild",
+            OnStale::Refuse => "refuse",
+        })
+    }
+}
+
+/// `value` parsed, or a configuration error naming the accepted values.
+fn parse_option<T: FromStr<Err = String>>(value: &str) -> ::datafusion::common::Result<T> {
+    value.trim().parse().map_err(DataFusionError::Configuration)
+}
+
+config_field!(Device, value => parse_option(value)?);
+config_field!(OnStale, value => parse_option(value)?);
 
 extensions_options! {
     /// Options of the MPHF extension (prefix `mphf`).
@@ -11,7 +60,7 @@ extensions_options! {
         /// Save indexes of file-backed tables and reuse saved ones whose fingerprint matches.
         pub persist: bool, default = true
         /// What to do with a saved index that no longer matches its data: `rebuild` or `refuse`.
-        pub on_stale: String, default = "rebuild".to_string()
+        pub on_stale: OnStale, default = OnStale::Rebuild
         /// Print index reuse / rebuild notices on stderr.
         pub verbose: bool, default = true
         /// Replace hash aggregation by `MphfAggregateExec` when the GROUP BY key is indexed.
@@ -38,7 +87,7 @@ extensions_options! {
         /// estimated at `aggregate_gpu_min_rows` rows or more, and the aggregates are supported),
         /// `cpu`, or `gpu` (whenever supported; without a usable GPU it runs on the CPU with a
         /// notice). `EXPLAIN` shows the choice as `device=`.
-        pub aggregate_device: String, default = "auto".to_string()
+        pub aggregate_device: Device, default = Device::Auto
         /// Smallest estimated input (rows) for which `aggregate_device = auto` uses the GPU
         /// (the crossover measured on the H200, benches/RESULTS-gpu.md).
         pub aggregate_gpu_min_rows: u64, default = crate::datafusion::aggregate::GPU_MIN_ROWS
@@ -48,7 +97,7 @@ extensions_options! {
         pub gpu_emulation: bool, default = false
         /// Where `mphf_index` looks keys up: `auto` (the GPU for batches of at least
         /// `lookup_gpu_min_rows` rows when one is usable), `cpu` or `gpu`.
-        pub lookup_device: String, default = "auto".to_string()
+        pub lookup_device: Device, default = Device::Auto
         /// Smallest batch (rows) that `lookup_device = auto` sends to the GPU.
         pub lookup_gpu_min_rows: u64, default = crate::datafusion::udf::GPU_LOOKUP_MIN_ROWS
         /// Lookups of dense integer keys read a direct key → slot table (same slots as the MPHF)
@@ -84,22 +133,6 @@ impl ConfigExtension for MphfConfig {
 }
 
 impl MphfConfig {
-    /// `aggregate_device` parsed.
-    ///
-    /// # Errors
-    /// Not `auto`, `cpu` or `gpu`.
-    pub fn aggregate_device(&self) -> Result<crate::device::Device, String> {
-        self.aggregate_device.parse()
-    }
-
-    /// `lookup_device` parsed.
-    ///
-    /// # Errors
-    /// Not `auto`, `cpu` or `gpu`.
-    pub fn lookup_device(&self) -> Result<crate::device::Device, String> {
-        self.lookup_device.parse()
-    }
-
     /// The same options with every costing threshold off: the operators run wherever they
     /// apply (tests and the differential check use it to reach every operator path).
     pub fn without_costing(mut self) -> Self {
@@ -115,6 +148,6 @@ impl MphfConfig {
 
     /// True when a stale saved index must be refused instead of rebuilt.
     pub fn refuse_stale(&self) -> bool {
-        self.on_stale.eq_ignore_ascii_case("refuse")
+        self.on_stale == OnStale::Refuse
     }
 }

@@ -103,6 +103,8 @@ pub fn index_list_schema() -> SchemaRef {
         s("key_type"),
         Field::new("keys", DataType::UInt64, false),
         Field::new("bits_per_key", DataType::Float64, false),
+        Field::new("leaf", DataType::UInt64, false),
+        Field::new("bucket", DataType::UInt64, false),
         Field::new("bytes", DataType::UInt64, false),
         s("built_at"),
         s("device"),
@@ -126,6 +128,12 @@ pub fn index_list_batch(registry: &MphfRegistry) -> Result<RecordBatch> {
         Arc::new(Float64Array::from_iter_values(
             list.iter()
                 .map(|h| (h.index().mphf().bits_per_key() * 100.0).round() / 100.0),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            list.iter().map(|h| h.index().mphf().params().leaf as u64),
+        )),
+        Arc::new(UInt64Array::from_iter_values(
+            list.iter().map(|h| h.index().mphf().params().bucket as u64),
         )),
         Arc::new(UInt64Array::from_iter_values(
             list.iter().map(|h| h.index().size_bytes()),
@@ -363,13 +371,25 @@ impl MphfContext {
     }
 
     /// `CREATE INDEX`: see the module doc. With `if_not_exists`, an existing index of that name
-    /// is kept. An index loaded from a saved file at registration counts as existing when it
-    /// covers the same table and column (so a script's `CREATE INDEX` reuses it).
+    /// is kept. An index that registration loaded from a saved file (or rebuilt from a stale or
+    /// corrupt one) counts as existing when it covers the same table and column with the same
+    /// parameters (so a script's `CREATE INDEX` reuses it); with other parameters it is rebuilt.
     pub async fn create_index(&self, spec: IndexSpec, if_not_exists: bool) -> Result<Arc<IndexHandle>> {
         if let Some(h) = self.registry.get(&spec.name) {
             let same = h.info().table == spec.table.text && h.info().column == spec.column;
-            if if_not_exists || (same && h.info().source == IndexSource::Loaded) {
+            // A saved index that registration loaded, or rebuilt because it was stale or
+            // corrupt, is the one a script's CREATE INDEX asks for (re-running the script must
+            // not fail once after every data change); with other parameters it is rebuilt.
+            let from_saved = matches!(
+                h.info().source,
+                IndexSource::Loaded | IndexSource::RebuiltStale | IndexSource::RebuiltCorrupt
+            );
+            if if_not_exists || (same && from_saved && h.index().mphf().params() == spec.params) {
                 return Ok(h);
+            }
+            if same && from_saved {
+                self.drop_index(&spec.name, false).await?;
+                return self.install(spec, false).await;
             }
             return plan_err!(
                 "MPHF index '{}' already exists (on {}.{}); DROP INDEX {} first or use CREATE INDEX IF NOT EXISTS",

@@ -95,7 +95,8 @@ fn table_name(n: &ObjectName) -> Result<TableName> {
 
 fn single_name(n: &ObjectName) -> Result<String> {
     match n.0.as_slice() {
-        [ObjectNamePart::Identifier(i)] => Ok(norm_ident(i)),
+        [ObjectNamePart::Identifier(i)] if !i.value.trim().is_empty() => Ok(norm_ident(i)),
+        [ObjectNamePart::Identifier(_)] => plan_err!("an MPHF index name must not be empty"),
         _ => plan_err!("an MPHF index name is one identifier, got {n}"),
     }
 }

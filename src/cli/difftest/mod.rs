@@ -197,7 +197,7 @@ impl Sessions {
         };
         let mphf = |cfg: MphfConfig| MphfContext::with_config(SessionConfig::new().with_option_extension(cfg));
         let gpu = MphfConfig {
-            aggregate_device: "gpu".to_string(),
+            aggregate_device: crate::device::Device::Gpu,
             gpu_emulation: true,
             ..MphfConfig::default().without_costing()
         };
@@ -211,7 +211,12 @@ impl Sessions {
     }
 
     fn mphf(&self) -> [&MphfContext; 4] {
-        [&self.operators_off, &self.default, &self.costing_off, &self.gpu_emulation]
+        [
+            &self.operators_off,
+            &self.default,
+            &self.costing_off,
+            &self.gpu_emulation,
+        ]
     }
 
     /// Registers `tables` in memory (`partitions` partitions each) in every session.

@@ -72,7 +72,7 @@ use std::sync::Arc;
 use ::datafusion::arrow::datatypes::DataType;
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
-use ::datafusion::common::{DataFusionError, Result};
+use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
@@ -348,9 +348,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             max_slot_entries_per_row: cfg.aggregate_max_slot_entries_per_row,
             max_slot_entries_per_row_partitioned: cfg.aggregate_max_slot_entries_per_row_partitioned,
             require_dependence: cfg.aggregate_require_dependence,
-            device: cfg
-                .aggregate_device()
-                .map_err(|e| DataFusionError::Configuration(format!("mphf.aggregate_device: {e}")))?,
+            device: cfg.aggregate_device,
             gpu_min_rows: cfg.aggregate_gpu_min_rows,
             gpu_emulation: cfg.gpu_emulation,
         };

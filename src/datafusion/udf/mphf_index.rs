@@ -68,12 +68,7 @@ fn lookup_on_device(
     config: &::datafusion::common::config::ConfigOptions,
 ) -> Result<::datafusion::arrow::array::ArrayRef> {
     let (device, min_rows) = match config.extensions.get::<MphfConfig>() {
-        Some(c) => (
-            c.lookup_device().map_err(|e| {
-                ::datafusion::common::DataFusionError::Configuration(format!("mphf.lookup_device: {e}"))
-            })?,
-            c.lookup_gpu_min_rows,
-        ),
+        Some(c) => (c.lookup_device, c.lookup_gpu_min_rows),
         None => (Device::Auto, GPU_LOOKUP_MIN_ROWS),
     };
     let on_gpu = match device {
