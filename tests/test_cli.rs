@@ -365,3 +365,42 @@ fn tpch_then_sql_reuses_the_saved_index() {
     ]);
     assert!(e.contains("column 'l_partkey' has no MPHF index"), "{e}");
 }
+
+/// `mphf sql --on-stale refuse` holds from the first registration; `--memory-limit` bounds the
+/// session's pool and rejects a bad size; a script's `CREATE INDEX` re-runs after a rebuild.
+#[test]
+fn sql_on_stale_and_memory_limit_flags() {
+    let files = Files::new();
+    std::fs::create_dir_all(files.path("t")).unwrap();
+    let data = files.path("t/part.parquet");
+    let ids = |n: i64| Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef;
+    write_parquet(Path::new(&data), vec![("id", ids(1000))]);
+    let table = format!("t={}", files.path("t"));
+    let create = "CREATE INDEX t_id ON t USING mphf (id)";
+    ok(&["sql", "-q", "--table", &table, "-c", create]);
+    write_parquet(Path::new(&data), vec![("id", ids(2000))]);
+    let e = fails(&["sql", "-q", "--on-stale", "refuse", "--table", &table, "-c", "SELECT 1"]);
+    assert!(e.contains("is stale") && e.contains("mphf.on_stale = 'refuse'"), "{e}");
+    let out = ok(&[
+        "sql",
+        "-q",
+        "--format",
+        "csv",
+        "--table",
+        &table,
+        "-c",
+        create,
+        "-c",
+        "SELECT count(DISTINCT mphf_index(id)) AS n FROM t",
+    ]);
+    assert!(out.contains("2000"), "{out}");
+    let e = fails(&["sql", "-q", "--on-stale", "bogus", "-c", "SELECT 1"]);
+    assert!(e.contains("unknown stale-index policy 'bogus'"), "{e}");
+    let e = fails(&["sql", "-q", "--memory-limit", "12Q", "-c", "SELECT 1"]);
+    assert!(e.contains("'12Q' is not a size"), "{e}");
+    let big = "SELECT count(*) FROM (SELECT value % 100000 AS k, count(*) FROM generate_series(1, 1000000) GROUP BY k)";
+    let e = fails(&["sql", "-q", "--no-mphf", "--memory-limit", "64K", "-c", big]);
+    assert!(e.contains("Resources exhausted"), "{e}");
+    let out = ok(&["sql", "-q", "--format", "csv", "--memory-limit", "1G", "-c", big]);
+    assert!(out.contains("100000"), "{out}");
+}

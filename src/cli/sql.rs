@@ -7,12 +7,15 @@ use std::time::Instant;
 use ::datafusion::arrow::array::RecordBatch;
 use ::datafusion::arrow::util::pretty::pretty_format_batches;
 use ::datafusion::dataframe::DataFrame;
-use ::datafusion::prelude::{ParquetReadOptions, SessionContext};
+use ::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use ::datafusion::execution::session_state::SessionStateBuilder;
+use ::datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use anyhow::{anyhow, Context as _, Result};
 use clap::{Args, ValueEnum};
 
+use crate::datafusion::config::OnStale;
 use crate::datafusion::statements::split_statements;
-use crate::datafusion::MphfContext;
+use crate::datafusion::{MphfConfig, MphfContext};
 
 /// Output formats of query results.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -43,6 +46,14 @@ pub struct SqlArgs {
     /// Directory for saved MPHF indexes (default: a `_mphf/` folder next to the data).
     #[arg(long, value_name = "DIR")]
     pub index_dir: Option<PathBuf>,
+    /// What to do with a saved index that no longer matches its data, from the first
+    /// registration on (`SET mphf.on_stale` comes too late for `--table` tables).
+    #[arg(long, value_name = "rebuild|refuse")]
+    pub on_stale: Option<OnStale>,
+    /// Memory limit of the session's pool (e.g. `512M`, `2G`): queries, index builds and
+    /// loads that need more fail with "resources exhausted" instead of growing without bound.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub memory_limit: Option<usize>,
     /// Plain DataFusion, without the MPHF extension (for comparison).
     #[arg(long)]
     pub no_mphf: bool,
@@ -159,16 +170,63 @@ async fn shell(session: &Session, args: &SqlArgs) -> Result<()> {
     Ok(())
 }
 
+/// `512`, `64K`, `512M`, `2G` (binary multiples) as bytes.
+fn parse_bytes(text: &str) -> std::result::Result<usize, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("'{text}' is not a size (examples: 512M, 2G)")),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (examples: 512M, 2G)"))?;
+    match n.checked_mul(1 << shift) {
+        Some(0) => Err("the memory limit must be above 0".into()),
+        Some(b) => Ok(b),
+        None => Err(format!("'{text}' is too large")),
+    }
+}
+
+/// The session `args` ask for: with or without the extension, the memory limit and the
+/// stale-index policy in force before any table is registered.
+fn session(args: &SqlArgs) -> Result<Session> {
+    let mut config = SessionConfig::new();
+    if !args.no_mphf {
+        let mphf = MphfConfig {
+            on_stale: args.on_stale.unwrap_or_default(),
+            ..MphfConfig::default()
+        };
+        config = config.with_option_extension(mphf);
+    }
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = args.memory_limit {
+        runtime = runtime.with_memory_limit(limit, 1.0);
+    }
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime.build_arc()?);
+    Ok(if args.no_mphf {
+        Session::Plain(SessionContext::new_with_state(state.build()))
+    } else {
+        Session::Mphf(MphfContext::with_state_builder(state))
+    })
+}
+
 /// Runs `mphf sql`.
 ///
 /// # Errors
 /// The first failing statement (with `-c` / `-f`), bad `--table` values, I/O errors.
 pub async fn run(args: SqlArgs) -> Result<()> {
-    let session = if args.no_mphf {
-        Session::Plain(SessionContext::new())
-    } else {
-        Session::Mphf(MphfContext::new())
-    };
+    let session = session(&args)?;
     if let (Some(dir), Session::Mphf(_)) = (&args.index_dir, &session) {
         let dir = dir.display().to_string().replace('\'', "''");
         session.sql(&format!("SET mphf.index_dir = '{dir}'")).await?;

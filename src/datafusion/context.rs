@@ -343,6 +343,25 @@ impl MphfContext {
             let prov = ColumnIndex::open(&path)
                 .ok()
                 .and_then(|i| Provenance::parse(i.provenance()));
+            // The file name says which column the file is for (it is read back exactly, see
+            // `persist::saved_path`); a file that names another column (an older, lossy name)
+            // or a column the table lacks is left alone, never moved onto another column.
+            if let Some(p) = prov.as_ref().filter(|p| p.column != column) {
+                self.notice(&format!(
+                    "saved MPHF index {} holds column '{}', not '{column}' as its name says; ignored",
+                    path.display(),
+                    p.column
+                ));
+                continue;
+            }
+            if provider.schema().field_with_name(&column).is_err() {
+                self.notice(&format!(
+                    "saved MPHF index {} is for column '{column}', which table '{}' does not have; ignored",
+                    path.display(),
+                    table.text
+                ));
+                continue;
+            }
             let (name, params, seed) = match &prov {
                 Some(p) => {
                     let (params, seed) = persist::parse_params_text(&p.params).unwrap_or((Params::DEFAULT, 0));

@@ -122,16 +122,41 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
 }
 
 /// Replaces characters that are unsafe in a file name.
+/// `s` as a file-name part that can be read back: letters, digits, `_` and `-` stay, every
+/// other character becomes `~` and two hex digits per UTF-8 byte (`order id` → `order~20id`).
+/// The escape is injective (`~` itself is escaped), so `a/b` and `a_b` get different files.
 fn file_part(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_alphanumeric() || c == '_' || c == '-' {
+            out.push(c);
+        } else {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "~{b:02x}");
             }
-        })
-        .collect()
+        }
+    }
+    out
+}
+
+/// The text [`file_part`] escaped, or `None` when `part` is not such an escape.
+fn from_file_part(part: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(part.len());
+    let mut rest = part.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'~' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else if b == b'.' {
+            return None;
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The folder saved indexes of this table go to.
@@ -143,17 +168,18 @@ pub fn index_dir(configured: &str, fp: &Fingerprint) -> PathBuf {
     }
 }
 
-/// `<dir>/<table>.<column>.mphf`.
+/// `<dir>/<table>.<column>.mphf`, both parts escaped by [`file_part`] (reversible: the loader
+/// reads the column back from the name).
 pub fn saved_path(dir: &Path, table: &str, column: &str) -> PathBuf {
     dir.join(format!("{}.{}.mphf", file_part(table), file_part(column)))
 }
 
-/// The column part of a saved file name of `table`, if the name is one.
+/// The column of a saved file name of `table` (see [`saved_path`]), if the name is one.
 pub fn column_of_saved(file_name: &str, table: &str) -> Option<String> {
-    file_name
+    let part = file_name
         .strip_prefix(&format!("{}.", file_part(table)))?
-        .strip_suffix(".mphf")
-        .map(str::to_string)
+        .strip_suffix(".mphf")?;
+    from_file_part(part)
 }
 
 /// Parameters as stored in the provenance.
@@ -312,5 +338,35 @@ mod tests {
             Some("l_orderkey")
         );
         assert_eq!(column_of_saved("orders.o_orderkey.mphf", "lineitem"), None);
+    }
+
+    #[test]
+    fn saved_names_read_back_any_column() {
+        let columns = [
+            "order id",
+            "a/b",
+            "a_b",
+            "a.b",
+            "f(x)",
+            "~7e",
+            "ключ é",
+            "",
+            "..",
+            "a~2fb",
+        ];
+        let mut names = std::collections::HashSet::new();
+        for c in columns {
+            let p = saved_path(Path::new("/d"), "my table", c);
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap().to_string();
+            assert!(!name.contains('/') && !name.contains(' '), "{name}");
+            assert_eq!(column_of_saved(&name, "my table").as_deref(), Some(c), "{name}");
+            assert!(names.insert(name), "two columns share a file name");
+        }
+        assert_eq!(
+            saved_path(Path::new("/d"), "t", "order id"),
+            PathBuf::from("/d/t.order~20id.mphf")
+        );
+        assert_eq!(column_of_saved("t.a.b.mphf", "t"), None);
+        assert_eq!(column_of_saved("t.a~2.mphf", "t"), None);
     }
 }
