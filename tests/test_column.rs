@@ -754,3 +754,47 @@ fn dense_lookup_declines_sparse_and_non_integer_keys() {
     let idx = ColumnIndex::build(&[dense], &opts()).unwrap().with_dense_lookup(0.0);
     assert_eq!(idx.dense_lookup_bytes(), 0);
 }
+
+/// Saving refuses a target that is not a regular file (a symlink, a FIFO, a folder) and leaves
+/// it as it was; a regular file is replaced atomically, with no temporary file left behind.
+#[test]
+fn save_refuses_special_targets_and_leaves_no_temp_files() {
+    let col: ArrayRef = Arc::new(Int64Array::from_iter_values(0..1000));
+    let idx = ColumnIndex::build(&[col], &opts()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let link = dir.path().join("link.mphf");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let e = idx.write_to_path(&link).unwrap_err().to_string();
+    assert!(e.contains("it is not a regular file"), "{e}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    let fifo = dir.path().join("fifo.mphf");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let e = idx.write_to_path(&fifo).unwrap_err().to_string();
+    assert!(e.contains("it is not a regular file"), "{e}");
+    // opening one fails at once instead of blocking (FIFO) or reading without end (device)
+    let e = ColumnIndex::open(&fifo).unwrap_err().to_string();
+    assert!(e.contains("is not a regular file"), "{e}");
+    let e = ColumnIndex::open(std::path::Path::new("/dev/zero"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "invalid index file: /dev/zero is not a regular file");
+    let sub = dir.path().join("sub.mphf");
+    std::fs::create_dir(&sub).unwrap();
+    assert!(idx.write_to_path(&sub).is_err());
+    let file = dir.path().join("ok.mphf");
+    std::fs::write(&file, b"old").unwrap();
+    idx.write_to_path(&file).unwrap();
+    assert_eq!(ColumnIndex::open(&file).unwrap().len(), 1000);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+}

@@ -532,10 +532,19 @@ impl MphfContext {
                             table.text
                         );
                     }
-                    if let Some(dir) = path.parent() {
-                        std::fs::create_dir_all(dir).map_err(|e| DataFusionError::External(Box::new(e)))?;
+                    // A save that fails (a read-only folder, a FIFO or symlink planted at the
+                    // file's place) costs the next session a rebuild, never this one its index.
+                    let saved = match path.parent() {
+                        Some(dir) => std::fs::create_dir_all(dir).map_err(crate::MphfError::from),
+                        None => Ok(()),
                     }
-                    i.write_to_path(path).map_err(to_df)?;
+                    .and_then(|()| i.write_to_path(path));
+                    if let Err(e) = saved {
+                        self.notice(&format!(
+                            "could not save MPHF index {name} to {}: {e}; it is used without being saved",
+                            path.display()
+                        ));
+                    }
                 }
                 i
             }

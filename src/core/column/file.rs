@@ -170,10 +170,34 @@ pub(crate) fn write_bytes(idx: &ColumnIndex) -> Vec<u8> {
     bytes
 }
 
-/// Writes `idx` to `path` through a temporary file in the same directory and a rename, so a
-/// reader never sees a half-written index.
+/// Writes `idx` to `path` atomically and safely (see [`write_atomically`]).
 pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
-    let bytes = write_bytes(idx);
+    write_atomically(path, &write_bytes(idx))
+}
+
+/// Attempts at a fresh temporary name before giving up (each collides only with a file that
+/// someone else created under a random name).
+const TEMP_ATTEMPTS: u32 = 16;
+
+/// Writes `bytes` to `path` so that a reader never sees a half-written file and a shared folder
+/// cannot be used to redirect the write:
+/// - the target must be absent or a regular file: a symlink, FIFO, device or folder there is
+///   refused, never replaced (a rename over a symlink would replace the link, a FIFO would be
+///   turned into a file);
+/// - the temporary file, in the same folder, gets an unpredictable name and is created with
+///   `create_new` (`O_CREAT | O_EXCL`, which also fails on a planted symlink) so the write
+///   never follows a link an attacker placed;
+/// - the data is synced, renamed over the target, and the folder is synced so that the rename
+///   itself survives a crash. On any error the temporary file is removed.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_file() {
+            return Err(MphfError::Io(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("refusing to overwrite {}: it is not a regular file", path.display()),
+            )));
+        }
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => std::path::PathBuf::from("."),
@@ -182,18 +206,43 @@ pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "index".into());
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let (tmp, mut file) = create_temp(&dir, &name)?;
     let result = (|| -> Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        drop(file);
         std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()?;
         Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// A new file `.<name>.<random>.tmp` in `dir`, created exclusively.
+fn create_temp(dir: &Path, name: &str) -> Result<(std::path::PathBuf, std::fs::File)> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut last = None;
+    for _ in 0..TEMP_ATTEMPTS {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut seed = [0u8; 24];
+        seed[..8].copy_from_slice(&nanos.to_le_bytes());
+        seed[8..16].copy_from_slice(&n.to_le_bytes());
+        seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
+        let tag = xxhash_rust::xxh3::xxh3_64(&seed);
+        let tmp = dir.join(format!(".{name}.{tag:016x}.tmp"));
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => return Ok((tmp, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.map_or_else(|| MphfError::Format("no temporary file name".into()), MphfError::Io))
 }
 
 /// Checks magic, version, length and checksum on the raw bytes.

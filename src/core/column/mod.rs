@@ -678,8 +678,13 @@ impl ColumnIndex {
     ///
     /// # Errors
     /// [`MphfError::Io`] when the file cannot be read; [`MphfError::Format`] when it is not a
-    /// valid index of this format version.
+    /// regular file or not a valid index of this format version.
     pub fn open(path: &Path) -> Result<ColumnIndex> {
+        // Only regular files: opening a FIFO blocks until a writer comes, and a device such as
+        // /dev/zero reads without end.
+        if !std::fs::metadata(path)?.is_file() {
+            return Err(MphfError::Format(format!("{} is not a regular file", path.display())));
+        }
         let f = std::fs::File::open(path)?;
         if f.metadata()?.len() < 4096 {
             // Small files: a copy costs nothing and avoids mapping empty or tiny files.
