@@ -33,7 +33,7 @@ const PROVENANCE_MAGIC: &str = "datafusion-mphf index v1";
 pub struct Fingerprint {
     /// Folder the default `_mphf/` directory goes into.
     pub data_dir: PathBuf,
-    /// One line per file: `path \t size \t mtime_ns \t rows`, sorted by path.
+    /// One line per file: `path \t size \t mtime_ns \t rows \t content hash`, sorted by path.
     pub lines: Vec<String>,
 }
 
@@ -51,14 +51,14 @@ fn parquet_rows(path: &Path) -> Option<i64> {
     Some(md.file_metadata().num_rows())
 }
 
+/// Every file under `dir` whose name ends with `ext`. DataFusion reads files whose names start
+/// with `_` or `.` too, so none is skipped by name; descending into every folder can only add
+/// files (a stricter fingerprint), and the index folder holds no data files.
 fn collect_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
         if entry.file_type()?.is_dir() {
             collect_files(&path, ext, out)?;
         } else if name.ends_with(ext) {
@@ -66,6 +66,36 @@ fn collect_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> std::io::Resu
         }
     }
     Ok(())
+}
+
+/// Bytes read at each sampled place of a file's content.
+const SAMPLE_BYTES: u64 = 4096;
+/// Places sampled across a file (besides its footer).
+const SAMPLES: u64 = 16;
+/// Bytes of the file's end hashed whole (a Parquet footer: schema, row groups, statistics).
+const FOOTER_BYTES: u64 = 64 * 1024;
+
+/// A hash of the file's end and of `SAMPLES` evenly spaced blocks: a rewrite that keeps the
+/// path, size, mtime and row count (`cp -p`, `rsync -t`) still changes it, since other keys
+/// change the footer's statistics or the sampled pages. Reads at most 128 KiB.
+fn content_hash(path: &Path, len: u64) -> Option<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    let mut read_at = |offset: u64, n: u64, buf: &mut Vec<u8>| -> Option<()> {
+        file.seek(SeekFrom::Start(offset)).ok()?;
+        (&mut file).take(n).read_to_end(buf).ok()?;
+        Some(())
+    };
+    let footer = FOOTER_BYTES.min(len);
+    read_at(len - footer, footer, &mut buf)?;
+    let body = len - footer;
+    if body > 0 {
+        for i in 0..SAMPLES {
+            read_at(body * i / SAMPLES, SAMPLE_BYTES.min(body), &mut buf)?;
+        }
+    }
+    Some(xxhash_rust::xxh3::xxh3_64(&buf))
 }
 
 /// The fingerprint of a local Parquet (or other file) listing table; `None` for any other
@@ -112,7 +142,14 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
         let md = std::fs::metadata(&f).ok()?;
         let mtime = md.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
         let rows = parquet_rows(&f).unwrap_or(-1);
-        lines.push(format!("{}\t{}\t{}\t{}", f.display(), md.len(), mtime, rows));
+        let content = content_hash(&f, md.len())?;
+        lines.push(format!(
+            "{}\t{}\t{}\t{}\t{content:016x}",
+            f.display(),
+            md.len(),
+            mtime,
+            rows
+        ));
     }
     lines.sort();
     Some(Fingerprint {
