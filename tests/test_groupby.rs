@@ -503,3 +503,60 @@ async fn partitioned_input_has_its_own_slot_entries_limit() {
     assert!(!compare(&ctx, sql).await, "{sql}");
     assert!(compare(&ctx, DEPENDENT_QUERIES[0].0).await);
 }
+
+/// Field metadata that looks like an index label but was not made by this process (a Parquet
+/// column's own `mphf.index` metadata, read with `skip_metadata = false`) names no index: the
+/// bare id of a live index, or one with a forged process nonce, is rejected at planning.
+#[tokio::test]
+async fn foreign_index_labels_name_no_index() {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion_mphf::datafusion::INDEX_METADATA_KEY;
+
+    let ctx = MphfContext::new();
+    ctx.sql("CREATE TABLE t AS SELECT value AS k FROM generate_series(1, 100)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
+    let schema = ctx.ctx().table_provider("t").await.unwrap().schema();
+    let label = schema.field_with_name("k").unwrap().metadata()[INDEX_METADATA_KEY].clone();
+    let (_, id) = label.split_once(':').expect("nonce:id");
+    ctx.sql("SET datafusion.execution.parquet.skip_metadata = false")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, forged) in [id.to_string(), format!("0000000000000000:{id}")]
+        .into_iter()
+        .enumerate()
+    {
+        let md = std::collections::HashMap::from([(INDEX_METADATA_KEY.to_string(), forged.clone())]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("x", DataType::Int64, true).with_metadata(md)
+        ]));
+        let column: ArrayRef = Arc::new(Int64Array::from_iter_values(1..=100));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![column]).unwrap();
+        let path = dir.path().join(format!("p{i}.parquet"));
+        let mut w = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), schema, None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let name = format!("p{i}");
+        ctx.register_parquet(&name, path.to_str().unwrap()).await.unwrap();
+        let seen = ctx.ctx().table_provider(name.as_str()).await.unwrap().schema();
+        assert_eq!(
+            seen.field(0).metadata().get(INDEX_METADATA_KEY),
+            Some(&forged),
+            "metadata read"
+        );
+        let err = ctx
+            .sql(&format!("SELECT mphf_index(x) FROM {name}"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("column 'x' has no MPHF index"), "{forged}: {err}");
+    }
+}

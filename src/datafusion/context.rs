@@ -612,8 +612,14 @@ impl MphfContext {
             .ctx
             .read_table(Arc::clone(inner))?
             .select(vec![Expr::Column(Column::new_unqualified(column))])?;
+        let key_type = df.schema().field(0).data_type().clone();
         let batches = df.collect().await?;
-        let chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
+        let mut chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
+        if chunks.is_empty() {
+            // An empty table (a 0-row Parquet file) has no batches: its index is empty, of the
+            // column's type.
+            chunks.push(::datafusion::arrow::array::new_empty_array(&key_type));
+        }
         let rows: usize = chunks.iter().map(|c| c.len()).sum();
         let (solver, notice) = crate::device::solver_for(device, rows as u64, &params);
         if let Some(notice) = notice {

@@ -6,7 +6,8 @@
 //! A scalar UDF only sees its argument *fields* (name, type, metadata) and the
 //! [`ConfigOptions`](::datafusion::config::ConfigOptions), not the session. An
 //! [`MphfTable`](super::MphfTable) therefore labels each indexed column with the metadata key
-//! [`INDEX_METADATA_KEY`] whose value is a process-unique index id; [`resolve_index`] turns the id
+//! [`INDEX_METADATA_KEY`] whose value is the index's label (a process nonce and a process-unique
+//! index id, [`IndexHandle::label`]); [`resolve_index`] turns the id
 //! back into the index. The live table holds [`Weak`] references: an index lives exactly as long
 //! as some table, session registry or running plan holds its [`IndexHandle`], and a dropped index
 //! can never be resolved again (ids are never reused).
@@ -26,7 +27,7 @@ use ::datafusion::prelude::SessionConfig;
 
 use crate::core::column::ColumnIndex;
 
-/// Field metadata key that marks a column as MPHF-indexed; the value is the index id.
+/// Field metadata key that marks a column as MPHF-indexed; the value is the index's label.
 pub const INDEX_METADATA_KEY: &str = "mphf.index";
 
 /// Field-metadata key of `mphf_index(...)`'s output: the id of the index whose slots the column
@@ -101,6 +102,28 @@ pub struct IndexHandle {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+/// A random value of this process that every label carries: metadata that did not come from a
+/// label of this process (a Parquet file's own field metadata, read with `skip_metadata =
+/// false`, or a label saved by another process) never names one of its indexes.
+static PROCESS_NONCE: LazyLock<u64> = LazyLock::new(|| {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let local = 0u8;
+    let mut seed = [0u8; 24];
+    seed[..8].copy_from_slice(&nanos.to_le_bytes());
+    seed[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    seed[16..].copy_from_slice(&(std::ptr::addr_of!(local) as usize as u64).to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&seed)
+});
+
+/// The index id of a label made by [`IndexHandle::label`] in this process, or `None`.
+pub fn id_of_label(value: &str) -> Option<u64> {
+    let (nonce, id) = value.split_once(':')?;
+    (u64::from_str_radix(nonce, 16).ok()? == *PROCESS_NONCE)
+        .then(|| id.parse().ok())
+        .flatten()
+}
 static LIVE: LazyLock<RwLock<HashMap<u64, Weak<IndexHandle>>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
 
 impl IndexHandle {
@@ -123,6 +146,11 @@ impl IndexHandle {
     /// The id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+    /// The field-metadata value that names this index: `<process nonce>:<id>` (see
+    /// [`id_of_label`]).
+    pub fn label(&self) -> String {
+        format!("{:016x}:{}", *PROCESS_NONCE, self.id)
     }
     /// The index.
     pub fn index(&self) -> &Arc<ColumnIndex> {
@@ -163,7 +191,7 @@ pub fn resolve_index(id: u64) -> Option<Arc<IndexHandle>> {
 
 /// The index id a field advertises in its metadata, if any (it may no longer be live).
 pub fn index_id_of_field(field: &Field) -> Option<u64> {
-    field.metadata().get(INDEX_METADATA_KEY).and_then(|v| v.parse().ok())
+    field.metadata().get(INDEX_METADATA_KEY).and_then(|v| id_of_label(v))
 }
 
 /// The live index a field advertises, if any: the entry point for optimizer rules.
@@ -176,7 +204,7 @@ pub fn slot_index_of_field(field: &Field) -> Option<Arc<IndexHandle>> {
     field
         .metadata()
         .get(SLOT_METADATA_KEY)
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| id_of_label(v))
         .and_then(resolve_index)
 }
 

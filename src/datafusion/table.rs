@@ -1,7 +1,7 @@
 //! `MphfTable`: any [`TableProvider`] plus MPHF indexes on some of its columns.
 //!
 //! The table's schema is the inner schema with [`INDEX_METADATA_KEY`] metadata on each indexed
-//! field (the value is the index id, see [`registry`](super::registry)). Scans delegate to the
+//! field (the value is the index's label, see [`registry`](super::registry)). Scans delegate to the
 //! inner provider; the plan is wrapped in an [`MphfRelabelExec`] whose output schema carries the
 //! same metadata, so that physical planning of `mphf_index(col)` sees it too (DataFusion builds
 //! the physical function from the physical input schema). Relabeling is free: batches keep their
@@ -55,7 +55,7 @@ fn label_schema(schema: &Schema, indexes: &BTreeMap<String, Arc<IndexHandle>>) -
         .map(|f| {
             let mut md = f.metadata().clone();
             match indexes.get(f.name()) {
-                Some(h) => md.insert(INDEX_METADATA_KEY.to_string(), h.id().to_string()),
+                Some(h) => md.insert(INDEX_METADATA_KEY.to_string(), h.label()),
                 None => md.remove(INDEX_METADATA_KEY),
             };
             f.as_ref().clone().with_metadata(md)

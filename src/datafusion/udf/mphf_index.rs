@@ -230,7 +230,7 @@ impl ScalarUDFImpl for MphfIndexFunc {
             }
             _ => return plan_err!("mphf_index takes (column) or ('index_name', expr)"),
         };
-        let slot_of = std::collections::HashMap::from([(SLOT_METADATA_KEY.to_string(), handle.id().to_string())]);
+        let slot_of = std::collections::HashMap::from([(SLOT_METADATA_KEY.to_string(), handle.label())]);
         Ok(Arc::new(
             Field::new(MPHF_INDEX_NAME, handle.index().slot_type(), true).with_metadata(slot_of),
         ))
