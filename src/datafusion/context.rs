@@ -578,8 +578,7 @@ impl MphfContext {
             built_at: format_utc(
                 SystemTime::now()
                     .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0),
+                    .map_or(0, |d| d.as_secs() as i64),
             ),
             device: index.device().to_string(),
             build_ms: started.elapsed().as_secs_f64() * 1e3,

@@ -269,10 +269,11 @@ pub fn registry_of(config: &SessionConfig) -> Option<Arc<MphfRegistry>> {
     config.get_extension::<MphfRegistry>()
 }
 
-/// Formats a UNIX time (seconds) as `YYYY-MM-DD HH:MM:SS` UTC (civil-from-days, H. Hinnant).
-pub fn format_utc(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
+/// Formats a UNIX time (seconds, before 1970 too) as `YYYY-MM-DD HH:MM:SS` UTC
+/// (civil-from-days, H. Hinnant).
+pub fn format_utc(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -299,5 +300,6 @@ mod tests {
         assert_eq!(format_utc(0), "1970-01-01 00:00:00");
         assert_eq!(format_utc(1_700_000_000), "2023-11-14 22:13:20");
         assert_eq!(format_utc(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(format_utc(-1), "1969-12-31 23:59:59");
     }
 }

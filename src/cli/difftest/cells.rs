@@ -13,6 +13,8 @@ use ::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use ::datafusion::error::Result;
 use serde_json::Value;
 
+use crate::datafusion::registry::format_utc;
+
 /// The comparison class of a column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -37,15 +39,8 @@ pub enum Kind {
 impl Kind {
     fn of(dt: &DataType) -> Self {
         match dt {
-            DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64 => Kind::Int,
-            DataType::Float16 | DataType::Float32 | DataType::Float64 => Kind::Float,
+            _ if dt.is_integer() => Kind::Int,
+            _ if dt.is_floating() => Kind::Float,
             DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
                 Kind::Decimal
             }
@@ -253,27 +248,10 @@ fn column_cells(array: &dyn Array, kind: Kind) -> Result<Vec<Cell>> {
         .collect())
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.ffffff]` of microseconds since the epoch (proleptic Gregorian, UTC).
+/// `YYYY-MM-DD HH:MM:SS[.ffffff]` of microseconds since the epoch (UTC), as DuckDB prints.
 fn timestamp_text(micros: i64) -> String {
-    let (days, rest) = (micros.div_euclid(86_400_000_000), micros.rem_euclid(86_400_000_000));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let secs = rest / 1_000_000;
-    let frac = rest % 1_000_000;
-    let mut s = format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
-    );
+    let mut s = format_utc(micros.div_euclid(1_000_000));
+    let frac = micros.rem_euclid(1_000_000);
     if frac != 0 {
         s.push_str(&format!(".{frac:06}"));
     }
