@@ -9,8 +9,8 @@
 //!    It binary-searches that range in every partial, merges the states with `merge_batch`
 //!    (group ids handed out on a slot's first touch, as DataFusion's own hash aggregation
 //!    does: its accumulators' null tracking relies on it) and emits the touched slots of its
-//!    range in slot order, keys read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
-//!    not in the index) by their row-format key.
+//!    range in slot order, keys read from the index. Partition 0 also merges the fallback
+//!    groups (NULL keys and keys not in the index) by their row-format key.
 //!
 //! On the GPU placement, step 1 is one partial for all input partitions: their batches are
 //! collected and aggregated on the device in one pass (`gpu`), plus a CPU partial of the rows
