@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod atomic_file;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod core;

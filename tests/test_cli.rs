@@ -405,6 +405,97 @@ fn sql_on_stale_and_memory_limit_flags() {
     assert!(out.contains("100000"), "{out}");
 }
 
+/// Index memory is reserved in the pool before it is allocated: under a limit smaller than the
+/// build, `CREATE INDEX` fails with a clear error and saves nothing; a saved index too large
+/// for a later session's limit leaves its table usable without it.
+#[test]
+fn index_memory_is_reserved_before_it_is_used() {
+    let files = Files::new();
+    std::fs::create_dir_all(files.path("t")).unwrap();
+    let data = files.path("t/part.parquet");
+    let keys = Arc::new(StringArray::from_iter_values((0..200_000).map(|i| format!("session-{i:08x}")))) as ArrayRef;
+    write_parquet(Path::new(&data), vec![("s", keys)]);
+    let table = format!("t={}", files.path("t"));
+    let create = "CREATE INDEX t_s ON t USING mphf (s)";
+    let saved = || {
+        std::fs::read_dir(files.path("t/_mphf"))
+            .map(|d| d.filter_map(|e| e.ok()).count())
+            .unwrap_or(0)
+    };
+    let e = fails(&["sql", "-q", "--memory-limit", "4M", "--table", &table, "-c", create]);
+    assert!(e.contains("Resources exhausted: MPHF index 't_s' on t(s): "), "{e}");
+    assert!(e.contains("more than the memory pool has left"), "{e}");
+    assert_eq!(saved(), 0, "a refused index writes nothing");
+    ok(&["sql", "-q", "--table", &table, "-c", create]);
+    assert_eq!(saved(), 1);
+    let out = mphf(&[
+        "sql",
+        "--format",
+        "csv",
+        "--memory-limit",
+        "2M",
+        "--table",
+        &table,
+        "-c",
+        "SELECT count(*) AS n FROM t WHERE s >= 'session-'",
+    ]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("200000"), "{stdout}");
+    assert!(stderr.contains("reading its saved file needs"), "{stderr}");
+    assert!(stderr.contains("table 't' is registered without this index"), "{stderr}");
+}
+
+/// A checksum-valid but inconsistent file (the MPHF's leaf size edited, the checksum
+/// recomputed): `inspect` and `lookup` refuse it with the bucket named; as a saved SQL index
+/// it is rebuilt at registration, and the table answers as before.
+#[test]
+fn resealed_inconsistent_index_is_refused_and_rebuilt() {
+    let files = Files::new();
+    std::fs::create_dir_all(files.path("t")).unwrap();
+    let data = files.path("t/part.parquet");
+    let ids = Arc::new(Int64Array::from_iter_values((0..5000).map(|i| i * 7919))) as ArrayRef;
+    write_parquet(Path::new(&data), vec![("id", ids)]);
+    let edit_leaf = |path: &Path| {
+        let mut b = std::fs::read(path).unwrap();
+        let word = |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
+        let leaf_at = 8 * (word(&b, 3) as usize + 1 + 2);
+        assert_eq!(word(&b, leaf_at / 8), 8, "the default leaf size");
+        b[leaf_at..leaf_at + 8].copy_from_slice(&2u64.to_le_bytes());
+        let n = b.len();
+        let sum = xxhash_rust::xxh3::xxh3_64(&b[..n - 8]);
+        b[n - 8..].copy_from_slice(&sum.to_le_bytes());
+        std::fs::write(path, b).unwrap();
+    };
+    let index = files.path("id.mphf");
+    ok(&["build", "--input", &data, "--column", "id", "--output", &index]);
+    edit_leaf(Path::new(&index));
+    let e = fails(&["inspect", &index]);
+    assert!(e.contains("invalid index file: bucket "), "{e}");
+    let out = files.path("slots.parquet");
+    let e = fails(&["lookup", "--index", &index, "--input", &data, "--column", "id", "--output", &out]);
+    assert!(e.contains("invalid index file: bucket "), "{e}");
+    assert!(!Path::new(&out).exists());
+
+    let table = format!("t={}", files.path("t"));
+    let query = "SELECT count(DISTINCT mphf_index(id)) AS n, count(mphf_index(id)) AS m FROM t";
+    ok(&["sql", "-q", "--table", &table, "-c", "CREATE INDEX t_id ON t USING mphf (id)"]);
+    let saved: Vec<PathBuf> = std::fs::read_dir(files.path("t/_mphf"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(saved.len(), 1);
+    edit_leaf(&saved[0]);
+    for _ in 0..2 {
+        let out = mphf(&["sql", "--format", "csv", "--table", &table, "-c", query]);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        assert!(stdout.contains("5000,5000"), "{stdout}");
+        // The first run rebuilds the file, the second reuses the rebuilt one.
+        assert!(stderr.contains("is corrupt (invalid index file: bucket ") || stderr.contains("reusing saved"), "{stderr}");
+    }
+}
+
 /// A data file rewritten with other keys but the same path, size, mtime and row count (what
 /// `cp -p` and `rsync -t` leave) makes the saved index stale, and so does an added `_extra.parquet`
 /// (DataFusion reads it): `mphf_index` answers for the new keys, never NULL for present ones.

@@ -1,7 +1,6 @@
 //! `mphf lookup`: looks up every row of a Parquet column in an index and writes the column and
 //! its `slot` (UInt32, or UInt64 past 2^32 keys; NULL for NULL and non-member keys) to Parquet.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -11,6 +10,8 @@ use clap::Args;
 use parquet::arrow::ArrowWriter;
 
 use super::inspect::open_index;
+use crate::atomic_file::AtomicFile;
+use crate::MphfError;
 use super::parquet_io::read_column;
 use super::{CliError, InputArgs};
 
@@ -40,7 +41,8 @@ pub fn run(args: &LookupArgs) -> Result<(), CliError> {
         Field::new("slot", index.slot_type(), true),
     ]));
     let out = &args.output;
-    let file = File::create(out).map_err(|err| CliError::Io { path: out.clone(), err })?;
+    // Written whole or not at all, never through a planted symlink (see `AtomicFile`).
+    let file = AtomicFile::create(out).map_err(|err| output_error(out, err))?;
     let mut writer =
         ArrowWriter::try_new(file, schema.clone(), None).map_err(|err| CliError::Parquet { path: out.clone(), err })?;
     for chunk in &data.chunks {
@@ -54,8 +56,20 @@ pub fn run(args: &LookupArgs) -> Result<(), CliError> {
             .write(&batch)
             .map_err(|err| CliError::Parquet { path: out.clone(), err })?;
     }
-    writer
-        .close()
+    let file = writer
+        .into_inner()
         .map_err(|err| CliError::Parquet { path: out.clone(), err })?;
+    file.commit().map_err(|err| output_error(out, err))?;
     Ok(())
+}
+
+/// An error writing the output file, with its path.
+fn output_error(path: &std::path::Path, err: MphfError) -> CliError {
+    match err {
+        MphfError::Io(err) => CliError::Io {
+            path: path.to_path_buf(),
+            err,
+        },
+        other => CliError::Mphf(other),
+    }
 }

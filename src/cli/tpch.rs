@@ -54,7 +54,8 @@ fn write_table(table: &str, sf: f64, threads: usize, path: &std::path::Path, pb:
         threads.max(1)
     };
     let schema = table_part(table, sf, 1, parts as i32)?.0;
-    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    // Written whole or not at all: an interrupted run leaves no half-written table.
+    let file = crate::atomic_file::AtomicFile::create(path).with_context(|| format!("creating {}", path.display()))?;
     let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
     let mut writer = ArrowWriter::try_new(file, schema, Some(props))?;
     let (tx, rx) = sync_channel::<::datafusion::error::Result<RecordBatch>>(parts * 2);
@@ -84,7 +85,10 @@ fn write_table(table: &str, sf: f64, threads: usize, path: &std::path::Path, pb:
         }
         Ok(())
     })?;
-    writer.close()?;
+    writer
+        .into_inner()?
+        .commit()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(rows)
 }
 

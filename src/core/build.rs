@@ -263,7 +263,7 @@ impl Builder {
             ..Default::default()
         };
         if self.dedup {
-            let keep = distinct_indices(keys, self.seed);
+            let keep = distinct_indices(keys, self.seed)?;
             report.duplicates_removed = (keys.len() - keep.len()) as u64;
             let subset = Subset {
                 inner: keys,
@@ -285,7 +285,7 @@ impl Builder {
         let mut last_bucket_failure = 0usize;
         for attempt in 1..=self.max_seeds {
             report.attempts = attempt;
-            let (mut lo, offsets) = bucketize(keys, seed, num_buckets);
+            let (mut lo, offsets) = bucketize(keys, seed, num_buckets)?;
             match check_buckets(&mut lo, &offsets) {
                 Ok(()) => {}
                 Err(SolveError::DuplicateLo { bucket, lo: dup }) => {
@@ -348,14 +348,27 @@ impl Builder {
     }
 }
 
+/// A vector of `n` copies of `value`, or [`MphfError::OutOfMemory`] naming `what` when it
+/// cannot be allocated. The build's per-key arrays are allocated so: a build too large for the
+/// machine (or for `ulimit -v`) fails with an error instead of aborting the process.
+fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| {
+        MphfError::OutOfMemory(format!(
+            "building an MPHF over {n} keys: cannot allocate {} bytes for {what}",
+            n.saturating_mul(std::mem::size_of::<T>())
+        ))
+    })?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 /// Indices of the first occurrence of each distinct key, ascending.
-fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Vec<usize> {
-    let mut pairs: Vec<(Hash128, usize)> = (0..keys.len())
-        .into_par_iter()
-        .map(|i| (keys.hash128(i, seed), i))
-        .collect();
+fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Result<Vec<usize>> {
+    let mut pairs = try_filled(keys.len(), (Hash128::default(), 0usize), "the key hashes")?;
+    pairs.par_iter_mut().enumerate().for_each(|(i, p)| *p = (keys.hash128(i, seed), i));
     pairs.par_sort_unstable();
-    let mut drop = vec![false; keys.len()];
+    let mut drop = try_filled(keys.len(), false, "the duplicate marks")?;
     let mut run = 0;
     while run < pairs.len() {
         let mut end = run + 1;
@@ -372,8 +385,15 @@ fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Vec<usize> {
         }
         run = end;
     }
-    (0..keys.len()).filter(|&i| !drop[i]).collect()
+    std::mem::drop(pairs);
+    let mut keep = Vec::new();
+    keep.try_reserve_exact(keys.len()).map_err(|_| {
+        MphfError::OutOfMemory(format!("building an MPHF over {} keys: no memory for the kept keys", keys.len()))
+    })?;
+    keep.extend((0..keys.len()).filter(|&i| !drop[i]));
+    Ok(keep)
 }
+
 
 /// After a repeated `lo` in `bucket`: the description of a truly repeated key, or `None` for a
 /// hash collision between distinct keys (then the caller re-seeds).
@@ -412,7 +432,10 @@ impl<T> SharedMut<T> {
 
 /// Sorts the keys' `lo` hashes by bucket: returns `lo` (bucket-contiguous) and bucket offsets
 /// (λ, length B+1). See the module docs for the two-step counting sort.
-pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (Vec<u64>, Vec<u64>) {
+///
+/// # Errors
+/// [`MphfError::OutOfMemory`] when the per-key arrays cannot be allocated.
+pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> Result<(Vec<u64>, Vec<u64>)> {
     let n = keys.len();
     let num_ranges = num_buckets.min(4096) as usize;
     let range_of = |b: u64| ((b as u128 * num_ranges as u128) / num_buckets as u128) as usize;
@@ -447,7 +470,7 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
     drop(hists);
 
     // Step 1b: scatter (hi, lo) into range order.
-    let mut tmp = vec![Hash128::default(); n];
+    let mut tmp = try_filled(n, Hash128::default(), "the bucket order")?;
     let out = SharedMut(tmp.as_mut_ptr());
     cursors.into_par_iter().enumerate().for_each(|(c, mut cur)| {
         for i in c * chunk..((c + 1) * chunk).min(n) {
@@ -461,7 +484,7 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
     });
 
     // Step 2: counting sort inside each range; fills λ for the range's buckets.
-    let mut lo = vec![0u64; n];
+    let mut lo = try_filled(n, 0u64, "the in-bucket hashes")?;
     let mut offsets = vec![0u64; num_buckets as usize + 1];
     let lo_ptr = SharedMut(lo.as_mut_ptr());
     let off_ptr = SharedMut(offsets.as_mut_ptr());
@@ -489,7 +512,7 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> (
         }
     });
     offsets[num_buckets as usize] = n as u64;
-    (lo, offsets)
+    Ok((lo, offsets))
 }
 
 /// Checks every bucket for the size cap and repeated `lo` (sorting each bucket); reports the

@@ -4,7 +4,7 @@
 use super::elias_fano::DoubleEliasFano;
 use super::hash::KeyHashKind;
 use super::memo::Memo;
-use super::params::{Params, MAX_BUCKET, MAX_LEAF, MIN_LEAF};
+use super::params::{Params, MAX_BUCKET, MAX_BUCKET_KEYS, MAX_LEAF, MIN_LEAF};
 use super::rice::RiceBits;
 use super::words::{WordReader, WordWriter, Words};
 use crate::error::{MphfError, Result};
@@ -184,7 +184,54 @@ impl Mphf {
                 return Err(MphfError::Format("Elias-Fano totals do not match the header".into()));
             }
         }
-        Ok(Mphf::from_parts(params, n, seed, hash_kind, rice, ef))
+        let mphf = Mphf::from_parts(params, n, seed, hash_kind, rice, ef);
+        mphf.check_buckets()?;
+        Ok(mphf)
+    }
+
+    /// Checks every bucket's sizes and codes against each other, so that a query of any key
+    /// stays inside the data (the query's reads are unchecked in the hot path):
+    /// - bucket b's keys start where bucket b − 1's end (λ never decreases, from 0 to n), and
+    ///   a bucket holds fewer than [`MAX_BUCKET_KEYS`] keys (the memo tables' size);
+    /// - its codes start where the previous bucket's end (σ_0 = 0), its fixed parts take
+    ///   `Memo::skip[m]` bits, then exactly `Memo::nodes[m]` unary codes follow, and the last
+    ///   bucket's codes end at the vector's length.
+    ///
+    /// A query of a bucket reads at most its fixed bits and its unary codes (spec §7.5), so after
+    /// this check every read of R lies inside R. It decodes each bucket's λ and σ once and
+    /// counts the ones of R: linear in the buckets and in R's words, a small part of a load.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] naming the first inconsistent bucket.
+    fn check_buckets(&self) -> Result<()> {
+        let err = |b: u64, what: String| MphfError::Format(format!("bucket {b}: {what}"));
+        let (mut keys_end, mut codes_end) = (0u64, 0u64);
+        for b in 0..self.num_buckets {
+            let (first, next, sigma) = self.ef.get(b);
+            if first != keys_end {
+                return Err(err(b, format!("starts at key {first}, the previous bucket ends at {keys_end}")));
+            }
+            let size = next.checked_sub(first).filter(|&m| m < MAX_BUCKET_KEYS as u64);
+            let Some(m) = size else {
+                return Err(err(b, format!("impossible key range {first}..{next}")));
+            };
+            if sigma != codes_end {
+                return Err(err(b, format!("codes start at bit {sigma}, the previous bucket's end at {codes_end}")));
+            }
+            let fixed_end = sigma + self.memo.skip[m as usize] as u64;
+            let nodes = self.memo.nodes[m as usize] as u64;
+            codes_end = self.rice.after_ones(fixed_end, nodes).ok_or_else(|| {
+                err(b, format!("{m} keys need {nodes} unary codes after bit {fixed_end}, the vector has fewer"))
+            })?;
+            keys_end = next;
+        }
+        if keys_end != self.n || codes_end != self.rice.len {
+            return Err(MphfError::Format(format!(
+                "the buckets hold {keys_end} keys and {codes_end} code bits, the header says {} and {}",
+                self.n, self.rice.len
+            )));
+        }
+        Ok(())
     }
 
     /// Reads an MPHF from bytes (copied into an aligned buffer).

@@ -109,6 +109,34 @@ impl RiceBits {
     pub fn size_bits(&self) -> u64 {
         self.words.len() as u64 * 64
     }
+
+    /// The position just past the `ones`-th one-bit at or after `start` (`start` itself for
+    /// `ones = 0`), or `None` when fewer than `ones` one-bits lie in `start..len`: the end of a
+    /// run of `ones` unary codes, checked against the data (used to validate loaded files).
+    pub fn after_ones(&self, start: u64, ones: u64) -> Option<u64> {
+        if ones == 0 {
+            return (start <= self.len).then_some(start);
+        }
+        if start >= self.len {
+            return None;
+        }
+        let mut left = ones;
+        let mut idx = (start / 64) as usize;
+        let mut w = *self.words.get(idx)? & (u64::MAX << (start % 64));
+        loop {
+            let c = w.count_ones() as u64;
+            if left <= c {
+                let end = idx as u64 * 64 + select_in_word(w, (left - 1) as u32) as u64 + 1;
+                return (end <= self.len).then_some(end);
+            }
+            left -= c;
+            idx += 1;
+            if idx as u64 * 64 >= self.len {
+                return None;
+            }
+            w = *self.words.get(idx)?;
+        }
+    }
 }
 
 /// A cursor pair over R for one query: `fixed` reads τ-bit parts, `unary` reads quotients.
@@ -225,6 +253,23 @@ mod tests {
             c.skip(k as u64, fixed);
             assert_eq!(c.read(codes[k].0), codes[k].1);
         }
+    }
+
+    #[test]
+    fn after_ones_stays_inside_the_data() {
+        let mut b = RiceBuilder::new();
+        b.push_bits(0, 3);
+        b.push_unary(70);
+        b.push_unary(0);
+        let r = b.finish(); // ones at 73 and 74, sentinel at 75
+        assert_eq!(r.after_ones(3, 0), Some(3));
+        assert_eq!(r.after_ones(3, 1), Some(74));
+        assert_eq!(r.after_ones(3, 2), Some(75));
+        assert_eq!(r.after_ones(74, 1), Some(75));
+        // The sentinel and the padding are not data.
+        assert_eq!(r.after_ones(3, 3), None);
+        assert_eq!(r.after_ones(75, 1), None);
+        assert_eq!(r.after_ones(76, 0), None);
     }
 
     #[test]

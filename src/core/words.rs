@@ -1,12 +1,18 @@
-//! `Words`: an immutable `[u64]` that is either owned or borrowed from a memory map.
+//! `Words`: an immutable, shared `[u64]`, or a view into one.
 //!
 //! Every array of a serialized MPHF (Rice bits, Elias–Fano parts, keys) is a run of
 //! little-endian `u64` words at an 8-byte-aligned offset, so a loaded index points straight
-//! into the mapped file instead of copying it. [`WordReader`] hands out such views with bounds
-//! checks; a truncated file becomes an error, never an out-of-bounds read.
+//! into the buffer the file was read into instead of copying each array out of it.
+//! [`WordReader`] hands out such views with bounds checks; a truncated file becomes an error,
+//! never an out-of-bounds read.
 //!
-//! Invariant: the `[u64]` a `Words` derefs to lies inside its backing allocation, which is
-//! 8-byte aligned and kept alive by the `Arc` for as long as the `Words` (or a clone) lives.
+//! Why no memory map: a mapped file that another process truncates or rewrites in place
+//! (`cp other.mphf idx.mphf` during a query) raises SIGBUS, or changes bytes that were already
+//! validated. Files are read once into owned memory, checksummed and validated there; the
+//! copy costs no more I/O than the checksum, which reads every byte anyway.
+//!
+//! Invariant: the `[u64]` a `Words` derefs to lies inside its backing vector, which nobody
+//! mutates and which the `Arc` keeps alive for as long as the `Words` (or a clone) lives.
 
 use std::fmt;
 use std::ops::Deref;
@@ -17,55 +23,32 @@ use crate::error::{MphfError, Result};
 #[cfg(target_endian = "big")]
 compile_error!("datafusion-mphf reads its files in place and supports little-endian targets only");
 
-/// What a [`Words`] borrows from.
-#[derive(Clone)]
-enum Backing {
-    /// An owned vector.
-    Vec(Arc<Vec<u64>>),
-    /// A read-only memory map; its start is page-aligned.
-    Map(Arc<memmap2::Mmap>),
-}
-
-impl Backing {
-    #[inline]
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Vec(v) => {
-                // SAFETY: a `[u64]` is a valid `[u8]` of 8× the length, same allocation.
-                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8) }
-            }
-            Backing::Map(m) => m,
-        }
-    }
-}
-
-/// An immutable word array, owned or borrowed from a memory map. Cheap to clone.
+/// An immutable word array, or a view into one. Cheap to clone.
 #[derive(Clone)]
 pub struct Words {
-    backing: Backing,
+    backing: Arc<Vec<u64>>,
     /// Start, in words, inside the backing.
     start: usize,
     /// Length in words.
     len: usize,
     /// The first word (`backing` + `start`), cached so that a deref in the query's hot path is
-    /// a plain slice construction, not a branch on the backing and a pointer chase.
+    /// a plain slice construction, not a pointer chase.
     ptr: *const u64,
 }
 
-// SAFETY: `ptr` points into the backing, which is immutable and owned through an `Arc` (a
-// `Vec<u64>` or a read-only `Mmap`, both `Send + Sync`); a `Words` only ever reads through it.
+// SAFETY: `ptr` points into the backing, an immutable `Vec<u64>` owned through an `Arc`
+// (`Send + Sync`); a `Words` only ever reads through it.
 unsafe impl Send for Words {}
 // SAFETY: as above: shared read-only access to immutable memory kept alive by the `Arc`.
 unsafe impl Sync for Words {}
 
 impl Words {
     /// The view `[start, start+len)` of `backing` (the caller checked the range).
-    fn new(backing: Backing, start: usize, len: usize) -> Words {
-        let bytes = backing.bytes();
-        debug_assert!((start + len) * 8 <= bytes.len());
+    fn new(backing: Arc<Vec<u64>>, start: usize, len: usize) -> Words {
+        debug_assert!(start + len <= backing.len());
         // `start` words lie inside the backing (or start = 0 for an empty one), so the offset
         // pointer stays within the allocation or one past its end.
-        let ptr = (bytes.as_ptr() as *const u64).wrapping_add(start);
+        let ptr = backing.as_ptr().wrapping_add(start);
         Words {
             backing,
             start,
@@ -79,25 +62,6 @@ impl Words {
     /// An empty array.
     pub fn empty() -> Words {
         Words::from(Vec::new())
-    }
-
-    /// Wraps a whole memory map; fails if its length is not a multiple of 8.
-    ///
-    /// # Errors
-    /// [`MphfError::Format`] when the map's length is not a whole number of words.
-    pub fn from_mmap(map: memmap2::Mmap) -> Result<Words> {
-        if !map.len().is_multiple_of(8) {
-            return Err(MphfError::Format(format!(
-                "file length {} is not a multiple of 8 bytes",
-                map.len()
-            )));
-        }
-        // A page-aligned map is 8-byte aligned; checked anyway since the cast below needs it.
-        if !(map.as_ptr() as usize).is_multiple_of(8) {
-            return Err(MphfError::Format("memory map is not 8-byte aligned".into()));
-        }
-        let len = map.len() / 8;
-        Ok(Words::new(Backing::Map(Arc::new(map)), 0, len))
     }
 
     /// Copies bytes (whose length must be a multiple of 8) into an owned, aligned array.
@@ -133,19 +97,16 @@ impl Words {
 
     /// The words as bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.backing.bytes()[self.start * 8..(self.start + self.len) * 8]
-    }
-
-    /// True when the words live in a memory map (not copied).
-    pub fn is_mapped(&self) -> bool {
-        matches!(self.backing, Backing::Map(_))
+        let words: &[u64] = self;
+        // SAFETY: a `[u64]` is a valid `[u8]` of 8× the length, in the same allocation.
+        unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 8) }
     }
 }
 
 impl From<Vec<u64>> for Words {
     fn from(v: Vec<u64>) -> Words {
         let len = v.len();
-        Words::new(Backing::Vec(Arc::new(v)), 0, len)
+        Words::new(Arc::new(v), 0, len)
     }
 }
 
@@ -154,15 +115,15 @@ impl Deref for Words {
     #[inline(always)]
     fn deref(&self) -> &[u64] {
         // SAFETY: `ptr..ptr+len` lies inside the backing (checked by every constructor and by
-        // `slice`), the backing is 8-byte aligned (Vec<u64>, or a map checked in `from_mmap`),
-        // and it lives as long as `self` through the Arc.
+        // `slice`), a `Vec<u64>` is 8-byte aligned, and it lives as long as `self` through the
+        // Arc.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
 impl fmt::Debug for Words {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Words(len={}, mapped={})", self.len, self.is_mapped())
+        write!(f, "Words(len={})", self.len)
     }
 }
 

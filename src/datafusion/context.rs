@@ -9,10 +9,16 @@
 //! 1. resolve the table and column, check the key type;
 //! 2. for a file-backed table, reuse a saved index whose fingerprint matches ([`persist`]);
 //! 3. otherwise scan the column once through DataFusion and build ([`ColumnIndex::build`] drops
-//!    NULLs and duplicates, keeps keys in slot order) on a blocking thread, then save it;
-//! 4. reserve the index's bytes in the session's memory pool (`try_grow`: over the limit the
-//!    statement fails with `ResourcesExhausted` and nothing is registered);
-//! 5. re-register the table as an [`MphfTable`] and record the index in the [`MphfRegistry`].
+//!    NULLs and duplicates, keeps keys in slot order) on a blocking thread;
+//! 4. derive the lookup structures (dense table, decoded MPHF, row slots);
+//! 5. save a built index (only now: an index that does not fit writes nothing);
+//! 6. re-register the table as an [`MphfTable`] and record the index in the [`MphfRegistry`].
+//!
+//! Memory: every step reserves in the session's memory pool before it allocates (the saved
+//! file's length, each scanned batch, the build's working set, the lookup structures), and the
+//! reservation shrinks to the index's bytes at the end. Over the limit the statement fails with
+//! `ResourcesExhausted`, nothing is saved and nothing is registered; at table registration the
+//! table is registered without that index.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,10 +29,11 @@ use ::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use ::datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
 use ::datafusion::common::{plan_err, Column, DataFusionError, Result, TableReference};
 use ::datafusion::datasource::MemTable;
-use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use ::datafusion::execution::session_state::SessionStateBuilder;
 use ::datafusion::logical_expr::Expr;
 use ::datafusion::prelude::{DataFrame, ParquetReadOptions, SessionConfig, SessionContext};
+use futures::StreamExt;
 
 use crate::core::column::{ColumnIndex, IndexOptions, KeyType};
 use crate::core::Params;
@@ -340,9 +347,10 @@ impl MphfContext {
             let Some(column) = persist::column_of_saved(fname, &table.text) else {
                 continue;
             };
-            let prov = ColumnIndex::open(&path)
+            // Only the header (checksummed, not validated): `install` opens the file fully.
+            let prov = ColumnIndex::read_provenance(&path)
                 .ok()
-                .and_then(|i| Provenance::parse(i.provenance()));
+                .and_then(|p| Provenance::parse(&p));
             // The file name says which column the file is for (it is read back exactly, see
             // `persist::saved_path`); a file that names another column (an older, lossy name)
             // or a column the table lacks is left alone, never moved onto another column.
@@ -384,7 +392,15 @@ impl MphfContext {
                 seed,
                 device: Device::Auto,
             };
-            out.push(self.install(spec, true).await?);
+            // Over the memory limit the table stays usable, without this index.
+            match self.install(spec, true).await {
+                Ok(handle) => out.push(handle),
+                Err(DataFusionError::ResourcesExhausted(why)) => self.notice(&format!(
+                    "{why}; table '{}' is registered without this index",
+                    table.text
+                )),
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }
@@ -459,6 +475,19 @@ impl MphfContext {
         }
 
         let started = Instant::now();
+        // Every allocation of the index is reserved in the pool before it is made: the saved
+        // file before it is read, the scanned column batch by batch, the build's working set
+        // before the build, the lookup structures before they are derived. The reservation
+        // then shrinks to what the index keeps. Nothing is saved before it fits.
+        let reservation =
+            MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
+        let over_pool = |what: &str, bytes: u64, e: DataFusionError| {
+            DataFusionError::ResourcesExhausted(format!(
+                "MPHF index '{name}' on {}({column}): {what} needs {bytes} bytes, more than the memory pool has \
+                 left: {e}",
+                table.text
+            ))
+        };
         let fp = if cfg.persist {
             persist::fingerprint(inner.as_ref())
         } else {
@@ -474,7 +503,15 @@ impl MphfContext {
         let mut build_arrays = Vec::new();
         if let (Some(fp), Some(path)) = (&fp, &saved) {
             let want = (!at_registration).then_some(params_text.as_str());
-            match persist::check_saved(path, &column, want, fp) {
+            let file_len = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
+            reservation
+                .try_grow(file_len as usize)
+                .map_err(|e| over_pool("reading its saved file", file_len, e))?;
+            let state = persist::check_saved(path, &column, want, fp);
+            if !matches!(state, SavedState::Fresh(_)) {
+                reservation.free();
+            }
+            match state {
                 SavedState::Missing => {}
                 SavedState::Fresh(i) => {
                     self.notice(&format!(
@@ -513,64 +550,73 @@ impl MphfContext {
         let index = match index {
             Some(i) => i,
             None => {
-                let (mut i, runs, arrays) = self.build_column(&inner, &column, params, seed, device).await?;
+                let (i, runs, arrays) = self
+                    .build_column(&inner, &column, params, seed, device, &reservation, &over_pool)
+                    .await?;
                 rows_per_run = Some(runs);
                 build_arrays = arrays;
-                if let (Some(fp), Some(path)) = (&fp, &saved) {
-                    let prov = Provenance {
-                        name: name.clone(),
-                        column: column.clone(),
-                        params: params_text,
-                        fingerprint: fp.text(),
-                        rows_per_run,
-                    };
-                    i.set_provenance(prov.render());
-                    let now: Option<Fingerprint> = persist::fingerprint(inner.as_ref());
-                    if now.as_ref() != Some(fp) {
-                        return plan_err!(
-                            "CREATE INDEX {name}: the data files of '{}' changed while the index was built; retry",
-                            table.text
-                        );
-                    }
-                    // A save that fails (a read-only folder, a FIFO or symlink planted at the
-                    // file's place) costs the next session a rebuild, never this one its index.
-                    let saved = match path.parent() {
-                        Some(dir) => std::fs::create_dir_all(dir).map_err(crate::MphfError::from),
-                        None => Ok(()),
-                    }
-                    .and_then(|()| i.write_to_path(path));
-                    if let Err(e) = saved {
-                        self.notice(&format!(
-                            "could not save MPHF index {name} to {}: {e}; it is used without being saved",
-                            path.display()
-                        ));
-                    }
-                }
                 i
             }
         };
 
+        // The lookup structures: at most the dense table's bytes per key and the decoded MPHF's
+        // (under 2 bytes per key), plus 8 bytes per row for the row slots.
+        let distinct = index.len();
+        let derived = distinct.saturating_mul(cfg.dense_lookup_max_bytes_per_key.max(0.0) as u64 + 2)
+            + build_arrays.iter().map(|a| a.len() as u64 * 8).sum::<u64>();
+        reservation
+            .try_grow(derived as usize)
+            .map_err(|e| over_pool("its lookup tables", derived, e))?;
         let mut index = index
-            .with_dense_lookup(self.config().dense_lookup_max_bytes_per_key)
+            .with_dense_lookup(cfg.dense_lookup_max_bytes_per_key)
             .with_flat_lookup();
         // An in-memory table hands its queries the arrays it stores (the ones just scanned):
         // their rows' slots are worth keeping. Other tables decode fresh arrays per scan.
         if cfg.row_slots && inner.downcast_ref::<MemTable>().is_some() && !build_arrays.is_empty() {
-            index = tokio::task::spawn_blocking(move || index.with_row_slots(&build_arrays))
+            let arrays = std::mem::take(&mut build_arrays);
+            index = tokio::task::spawn_blocking(move || index.with_row_slots(&arrays))
                 .await
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
         }
         let size =
             (index.size_bytes() + index.dense_lookup_bytes() + index.flat_lookup_bytes() + index.row_slot_bytes())
                 as usize;
-        let reservation =
-            MemoryConsumer::new(format!("MPHF index {name}")).register(&self.ctx.runtime_env().memory_pool);
-        reservation.try_grow(size).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "MPHF index '{name}' on {}({column}) needs {size} bytes, more than the memory pool has left: {e}",
-                table.text
-            ))
-        })?;
+        reservation
+            .try_resize(size)
+            .map_err(|e| over_pool("the index", size as u64, e))?;
+        drop(build_arrays);
+        if source != IndexSource::Loaded {
+            if let (Some(fp), Some(path)) = (&fp, &saved) {
+                let prov = Provenance {
+                    name: name.clone(),
+                    column: column.clone(),
+                    params: params_text,
+                    fingerprint: fp.text(),
+                    rows_per_run,
+                };
+                index.set_provenance(prov.render());
+                let now: Option<Fingerprint> = persist::fingerprint(inner.as_ref());
+                if now.as_ref() != Some(fp) {
+                    return plan_err!(
+                        "CREATE INDEX {name}: the data files of '{}' changed while the index was built; retry",
+                        table.text
+                    );
+                }
+                // A save that fails (a read-only folder, a FIFO or symlink planted at the
+                // file's place) costs the next session a rebuild, never this one its index.
+                let saved = match path.parent() {
+                    Some(dir) => std::fs::create_dir_all(dir).map_err(crate::MphfError::from),
+                    None => Ok(()),
+                }
+                .and_then(|()| index.write_to_path(path));
+                if let Err(e) = saved {
+                    self.notice(&format!(
+                        "could not save MPHF index {name} to {}: {e}; it is used without being saved",
+                        path.display()
+                    ));
+                }
+            }
+        }
         let info = IndexInfo {
             name: name.clone(),
             table: table.text.clone(),
@@ -599,6 +645,11 @@ impl MphfContext {
     /// Scans `column` of `inner` once and builds its index on a blocking thread; also returns the
     /// column's rows per run of equal consecutive keys (NULLs included), the clustering the
     /// aggregate rule's costing uses, and the scanned arrays.
+    ///
+    /// `reservation` grows by each scanned batch and then by the build's working set
+    /// ([`ColumnIndex::build_bytes_estimate`]) before the build starts; `over_pool` words the
+    /// error when it cannot.
+    #[allow(clippy::too_many_arguments)]
     async fn build_column(
         &self,
         inner: &Arc<dyn TableProvider>,
@@ -606,20 +657,37 @@ impl MphfContext {
         params: Params,
         seed: u64,
         device: Device,
+        reservation: &MemoryReservation,
+        over_pool: &(dyn Fn(&str, u64, DataFusionError) -> DataFusionError + Sync),
     ) -> Result<(ColumnIndex, f64, Vec<ArrayRef>)> {
         let df = self
             .ctx
             .read_table(Arc::clone(inner))?
             .select(vec![Expr::Column(Column::new_unqualified(column))])?;
         let key_type = df.schema().field(0).data_type().clone();
-        let batches = df.collect().await?;
-        let mut chunks: Vec<ArrayRef> = batches.iter().map(|b| Arc::clone(b.column(0))).collect();
+        let mut stream = df.execute_stream().await?;
+        let mut chunks: Vec<ArrayRef> = Vec::new();
+        let mut scanned = 0u64;
+        while let Some(batch) = stream.next().await {
+            let chunk = Arc::clone(batch?.column(0));
+            let bytes = chunk.get_array_memory_size() as u64;
+            scanned += bytes;
+            reservation
+                .try_grow(bytes as usize)
+                .map_err(|e| over_pool("scanning its column", scanned, e))?;
+            chunks.push(chunk);
+        }
+        drop(stream);
         if chunks.is_empty() {
             // An empty table (a 0-row Parquet file) has no batches: its index is empty, of the
             // column's type.
             chunks.push(::datafusion::arrow::array::new_empty_array(&key_type));
         }
         let rows: usize = chunks.iter().map(|c| c.len()).sum();
+        let working = ColumnIndex::build_bytes_estimate(rows as u64, scanned);
+        reservation
+            .try_grow(working as usize)
+            .map_err(|e| over_pool("building", scanned + working, e))?;
         let (solver, notice) = crate::device::solver_for(device, rows as u64, &params);
         if let Some(notice) = notice {
             self.notice(&notice);

@@ -1,6 +1,6 @@
 //! The column index file format (version 1): little-endian `u64` words, every section 8-byte
-//! aligned, so [`ColumnIndex::open`] memory-maps the file and reads the MPHF and the keys in
-//! place (issue 2 item 6).
+//! aligned, so [`ColumnIndex::open`] reads the file into one buffer and the MPHF and the keys
+//! are views into it, not copies.
 //!
 //! ```text
 //! word  0      magic  b"MPHFIDX\0"
@@ -42,6 +42,7 @@ use arrow::datatypes::{
 
 use super::keys::{key_bytes, primitive_array, unit_tag, KeyBytes};
 use super::{ColumnIndex, ColumnStats, KeyType};
+use crate::atomic_file::AtomicFile;
 use crate::core::words::{WordReader, WordWriter, Words};
 use crate::core::Mphf;
 use crate::error::{MphfError, Result};
@@ -116,6 +117,17 @@ pub(crate) fn serialized_len(idx: &ColumnIndex) -> u64 {
 /// Serializes `idx` (see the module docs for the layout).
 pub(crate) fn write_bytes(idx: &ColumnIndex) -> Vec<u8> {
     let mut w = WordWriter::new();
+    w.out.reserve_exact(serialized_len(idx) as usize / 8);
+    let words = body_words(idx, w);
+    let mut bytes = WordWriter { out: words }.into_bytes();
+    let sum = xxhash_rust::xxh3::xxh3_64(&bytes);
+    bytes.extend_from_slice(&sum.to_le_bytes());
+    debug_assert_eq!(bytes.len() as u64, serialized_len(idx));
+    bytes
+}
+
+/// Every word of the file but the checksum, appended to `w` (whose capacity the callers size).
+fn body_words(idx: &ColumnIndex, mut w: WordWriter) -> Vec<u64> {
     let tz = match &idx.key_type {
         KeyType::Timestamp(_, tz) => tz.as_deref(),
         _ => None,
@@ -163,86 +175,53 @@ pub(crate) fn write_bytes(idx: &ColumnIndex) -> Vec<u8> {
     }
     let total = (w.out.len() + 1) * 8;
     w.out[2] = total as u64;
-    let mut bytes = w.into_bytes();
-    let sum = xxhash_rust::xxh3::xxh3_64(&bytes);
-    bytes.extend_from_slice(&sum.to_le_bytes());
-    debug_assert_eq!(bytes.len() as u64, serialized_len(idx));
-    bytes
+    w.out
 }
 
-/// Writes `idx` to `path` atomically and safely (see [`write_atomically`]).
+/// Writes `idx` to `path` atomically and safely (see [`AtomicFile`]). The words are built in
+/// one buffer allocated up front (an error, not an abort, when it does not fit) and written
+/// from it, with the checksum computed over the same bytes: no second copy of the file.
 pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
-    write_atomically(path, &write_bytes(idx))
+    let len = serialized_len(idx);
+    let mut w = WordWriter::new();
+    w.out.try_reserve_exact(len as usize / 8).map_err(|_| {
+        MphfError::OutOfMemory(format!("cannot allocate {len} bytes to write {}", path.display()))
+    })?;
+    let words = Words::from(body_words(idx, w));
+    let bytes = words.as_bytes();
+    let sum = xxhash_rust::xxh3::xxh3_64(bytes);
+    let mut file = AtomicFile::create(path)?;
+    file.write_all(bytes)?;
+    file.write_all(&sum.to_le_bytes())?;
+    file.commit()
 }
 
-/// Attempts at a fresh temporary name before giving up (each collides only with a file that
-/// someone else created under a random name).
-const TEMP_ATTEMPTS: u32 = 16;
-
-/// Writes `bytes` to `path` so that a reader never sees a half-written file and a shared folder
-/// cannot be used to redirect the write:
-/// - the target must be absent or a regular file: a symlink, FIFO, device or folder there is
-///   refused, never replaced (a rename over a symlink would replace the link, a FIFO would be
-///   turned into a file);
-/// - the temporary file, in the same folder, gets an unpredictable name and is created with
-///   `create_new` (`O_CREAT | O_EXCL`, which also fails on a planted symlink) so the write
-///   never follows a link an attacker placed;
-/// - the data is synced, renamed over the target, and the folder is synced so that the rename
-///   itself survives a crash. On any error the temporary file is removed.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_file() {
-            return Err(MphfError::Io(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!("refusing to overwrite {}: it is not a regular file", path.display()),
-            )));
-        }
+/// Reads `len` bytes of `f` into a fresh word buffer (the last word zero-padded), failing
+/// cleanly when the buffer cannot be allocated or the file's length changed during the read.
+///
+/// # Errors
+/// [`MphfError::OutOfMemory`], [`MphfError::Io`], or [`MphfError::Format`] for a file that
+/// is shorter or longer than `len`.
+pub(crate) fn read_words(f: &mut impl std::io::Read, len: u64) -> Result<Words> {
+    let words = usize::try_from(words_for(len))
+        .map_err(|_| format_err(format!("impossible file length {len}")))?;
+    let mut buf: Vec<u64> = Vec::new();
+    buf.try_reserve_exact(words)
+        .map_err(|_| MphfError::OutOfMemory(format!("cannot allocate {len} bytes to read an index file")))?;
+    buf.resize(words, 0);
+    // SAFETY: the vector holds `words` initialized u64s, a valid run of 8·words bytes; the
+    // byte view lives only while `buf` is borrowed here.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, words * 8) };
+    let bytes = &mut bytes[..len as usize];
+    f.read_exact(bytes).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => format_err("the file was truncated while it was read"),
+        _ => MphfError::Io(e),
+    })?;
+    let mut probe = [0u8; 1];
+    if f.read(&mut probe)? != 0 {
+        return Err(format_err("the file grew while it was read"));
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "index".into());
-    let (tmp, mut file) = create_temp(&dir, &name)?;
-    let result = (|| -> Result<()> {
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// A new file `.<name>.<random>.tmp` in `dir`, created exclusively.
-fn create_temp(dir: &Path, name: &str) -> Result<(std::path::PathBuf, std::fs::File)> {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut last = None;
-    for _ in 0..TEMP_ATTEMPTS {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut seed = [0u8; 24];
-        seed[..8].copy_from_slice(&nanos.to_le_bytes());
-        seed[8..16].copy_from_slice(&n.to_le_bytes());
-        seed[16..20].copy_from_slice(&std::process::id().to_le_bytes());
-        let tag = xxhash_rust::xxh3::xxh3_64(&seed);
-        let tmp = dir.join(format!(".{name}.{tag:016x}.tmp"));
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(last.map_or_else(|| MphfError::Format("no temporary file name".into()), MphfError::Io))
+    Ok(Words::from(buf))
 }
 
 /// Checks magic, version, length and checksum on the raw bytes.
@@ -305,6 +284,17 @@ fn read_str(r: &mut WordReader, what: &str, optional: bool) -> Result<Option<Str
         .map_err(|_| format_err(format!("{what} is not valid UTF-8")))
 }
 
+/// The provenance string of a file whose raw bytes passed [`check_raw`].
+pub(crate) fn provenance_of(words: &Words) -> Result<String> {
+    let mut r = WordReader::new(words);
+    for _ in 0..FIXED_HEADER_WORDS {
+        r.u64("header")?;
+    }
+    read_str(&mut r, "time zone", true)?;
+    read_str(&mut r, "device", false)?;
+    Ok(read_str(&mut r, "provenance", false)?.unwrap_or_default())
+}
+
 /// An Arrow buffer over the first `len` bytes of `words`, sharing (not copying) its backing:
 /// the memory map stays alive as long as any array over it.
 fn shared_buffer(words: &Words, len: usize) -> Buffer {
@@ -317,6 +307,11 @@ fn shared_buffer(words: &Words, len: usize) -> Buffer {
 }
 
 /// Parses a file whose raw bytes passed [`check_raw`]; arrays borrow from `words`.
+///
+/// Every field is checked against the others: the header's counts, each section's length,
+/// the MPHF's buckets and codes (`Mphf::read`), the key offsets, and last that every stored
+/// key maps to its own slot. A file that passes can be queried without a panic and answers
+/// every member key; a checksum-valid file that fails any check is a [`MphfError::Format`].
 pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
     let total = words.len() as u64;
     let mut r = WordReader::new(&words);
@@ -409,7 +404,7 @@ pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
     if r.remaining() != 0 {
         return Err(format_err(format!("{} unread words after the checksum", r.remaining())));
     }
-    Ok(ColumnIndex {
+    let index = ColumnIndex {
         mphf,
         key_type,
         keys,
@@ -419,12 +414,13 @@ pub(crate) fn parse(words: Words) -> Result<ColumnIndex> {
         built_at,
         mphf_words,
         key_words,
-        mapped: words.is_mapped(),
         dense: None,
         flat: None,
         row_slots: None,
         key_range: std::sync::OnceLock::new(),
-    })
+    };
+    index.check_slots()?;
+    Ok(index)
 }
 
 /// Offsets must start at 0, never decrease and end at the data length.

@@ -155,8 +155,6 @@ pub struct ColumnIndex {
     pub(crate) mphf_words: u64,
     /// Words of the serialized keys section.
     pub(crate) key_words: u64,
-    /// True when the arrays live in a memory map.
-    pub(crate) mapped: bool,
     /// Direct key → slot table for dense integer keys ([`ColumnIndex::with_dense_lookup`]).
     pub(crate) dense: Option<Arc<DenseSlots>>,
     /// Decoded copy of the MPHF for faster queries ([`FlatMphf`]; built with the index, or by
@@ -180,7 +178,6 @@ impl fmt::Debug for ColumnIndex {
             .field("device", &self.device)
             .field("built_at", &self.built_at)
             .field("provenance", &self.provenance)
-            .field("mapped", &self.mapped)
             .finish()
     }
 }
@@ -443,7 +440,6 @@ impl ColumnIndex {
             built_at: now_unix(),
             mphf_words: 0,
             key_words: 0,
-            mapped: false,
             dense: None,
             flat,
             row_slots: None,
@@ -458,6 +454,21 @@ impl ColumnIndex {
         };
         idx.key_words = file::key_section_words(distinct, idx.key_type.width().unwrap_or(0), data);
         Ok(idx)
+    }
+
+    /// An upper estimate of the memory [`ColumnIndex::build`] allocates beyond its input, for
+    /// `rows` keys whose arrays take `input_bytes`: the NULL-free copy, the key hashes and
+    /// their sort, the keys in slot order and the MPHF. Callers reserve it before building.
+    ///
+    /// Why these factors: besides the input, a build holds up to three more copies of the key
+    /// data (the concatenated, NULL-free column, the deduplication's working copy and the keys
+    /// in slot order) and about 40 bytes per row of hashes, bucket order and codes. The peaks
+    /// measured with `mphf build` on TPC-H columns lie under this estimate (benches/RESULTS.md,
+    /// "Build memory").
+    pub fn build_bytes_estimate(rows: u64, input_bytes: u64) -> u64 {
+        const COPIES_OF_KEYS: u64 = 3;
+        const BYTES_PER_ROW: u64 = 40;
+        input_bytes.saturating_mul(COPIES_OF_KEYS).saturating_add(rows.saturating_mul(BYTES_PER_ROW))
     }
 
     /// The MPHF.
@@ -504,11 +515,6 @@ impl ColumnIndex {
     pub fn format_version(&self) -> u64 {
         FORMAT_VERSION
     }
-    /// True when the MPHF and keys are read in place from a memory-mapped file.
-    pub fn is_mapped(&self) -> bool {
-        self.mapped
-    }
-
     /// The probe cast to the key type (`None`: already of the key type).
     pub(crate) fn cast_probe(&self, probe: &dyn Array) -> Result<Option<ArrayRef>> {
         let dt = self.key_type.to_arrow();
@@ -572,6 +578,33 @@ impl ColumnIndex {
         };
         with_pair(&self.key_type, self.keys.as_ref(), probe, f);
         Ok(())
+    }
+
+    /// Checks that every stored key maps to its own slot (so the MPHF and the keys agree, and
+    /// no key is stored twice): the last check of a loaded file, one query per key on all
+    /// cores.
+    ///
+    /// # Errors
+    /// [`MphfError::Format`] naming the first key that does not.
+    pub(crate) fn check_slots(&self) -> Result<()> {
+        const CHUNK: usize = 1 << 15;
+        let n = self.keys.len();
+        let first_bad = (0..n.div_ceil(CHUNK)).into_par_iter().find_map_first(|c| {
+            let start = c * CHUNK;
+            let part = self.keys.slice(start, CHUNK.min(n - start));
+            let mut slots = Vec::new();
+            if self.lookup_slots(part.as_ref(), &mut slots).is_err() {
+                return Some(start);
+            }
+            let wrong = slots.iter().enumerate().find(|&(i, &s)| s != (start + i) as u64);
+            wrong.map(|(i, _)| start + i)
+        });
+        match first_bad {
+            None => Ok(()),
+            Some(i) => Err(MphfError::Format(format!(
+                "stored key {i} does not map to its slot: the MPHF and the keys disagree"
+            ))),
+        }
     }
 
     /// Free-form provenance (the DataFusion layer stores its data fingerprint here).
@@ -674,28 +707,25 @@ impl ColumnIndex {
     pub fn write_to_path(&self, path: &Path) -> Result<()> {
         file::write_to_path(self, path)
     }
-    /// Opens a file through a memory map (no copy); verifies magic, version and checksum.
+    /// Reads a file into memory and validates it (magic, version, checksum, then every
+    /// structure, see [`file::parse`]). The file is read once into owned memory, never mapped,
+    /// so a rewrite or truncation of the file while the index is in use cannot affect it.
     ///
     /// # Errors
-    /// [`MphfError::Io`] when the file cannot be read; [`MphfError::Format`] when it is not a
-    /// regular file or not a valid index of this format version.
+    /// [`MphfError::Io`] when the file cannot be read; [`MphfError::OutOfMemory`] when its
+    /// buffer cannot be allocated; [`MphfError::Format`] when it is not a regular file, changed
+    /// while it was read, or is not a valid index of this format version.
     pub fn open(path: &Path) -> Result<ColumnIndex> {
-        // Only regular files: opening a FIFO blocks until a writer comes, and a device such as
-        // /dev/zero reads without end.
-        if !std::fs::metadata(path)?.is_file() {
-            return Err(MphfError::Format(format!("{} is not a regular file", path.display())));
-        }
-        let f = std::fs::File::open(path)?;
-        if f.metadata()?.len() < 4096 {
-            // Small files: a copy costs nothing and avoids mapping empty or tiny files.
-            return Self::from_bytes(&std::fs::read(path)?);
-        }
-        // SAFETY: the map is read-only; like every memory-mapped reader we rely on the file not
-        // being truncated or modified by another process while the index is open (the writer
-        // replaces files by rename, which leaves an open map intact).
-        let map = unsafe { memmap2::Mmap::map(&f)? };
-        file::check_raw(&map)?;
-        file::parse(Words::from_mmap(map)?)
+        file::parse(read_checked(path)?)
+    }
+    /// The provenance string of an index file, read after the checksum check but without the
+    /// structural validation of [`ColumnIndex::open`] (for a caller that only needs to know
+    /// what the file says it is, and opens it fully later).
+    ///
+    /// # Errors
+    /// As [`ColumnIndex::open`], for the checks it makes.
+    pub fn read_provenance(path: &Path) -> Result<String> {
+        file::provenance_of(&read_checked(path)?)
     }
     /// Reads from bytes (copied).
     ///
@@ -705,4 +735,22 @@ impl ColumnIndex {
         file::check_raw(bytes)?;
         file::parse(Words::from_bytes(bytes)?)
     }
+}
+
+/// The words of the index file at `path`, read into memory, with magic, version, length and
+/// checksum checked.
+fn read_checked(path: &Path) -> Result<Words> {
+    // Only regular files: opening a FIFO blocks until a writer comes, and a device such as
+    // /dev/zero reads without end.
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(MphfError::Format(format!("{} is not a regular file", path.display())));
+    }
+    let mut f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let words = file::read_words(&mut f, len).map_err(|e| match e {
+        MphfError::Format(m) => MphfError::Format(format!("{}: {m}", path.display())),
+        other => other,
+    })?;
+    file::check_raw(&words.as_bytes()[..len as usize])?;
+    Ok(words)
 }
