@@ -413,7 +413,9 @@ fn index_memory_is_reserved_before_it_is_used() {
     let files = Files::new();
     std::fs::create_dir_all(files.path("t")).unwrap();
     let data = files.path("t/part.parquet");
-    let keys = Arc::new(StringArray::from_iter_values((0..200_000).map(|i| format!("session-{i:08x}")))) as ArrayRef;
+    let keys = Arc::new(StringArray::from_iter_values(
+        (0..200_000).map(|i| format!("session-{i:08x}")),
+    )) as ArrayRef;
     write_parquet(Path::new(&data), vec![("s", keys)]);
     let table = format!("t={}", files.path("t"));
     let create = "CREATE INDEX t_s ON t USING mphf (s)";
@@ -439,11 +441,17 @@ fn index_memory_is_reserved_before_it_is_used() {
         "-c",
         "SELECT count(*) AS n FROM t WHERE s >= 'session-'",
     ]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
     assert!(out.status.success(), "{stderr}");
     assert!(stdout.contains("200000"), "{stdout}");
     assert!(stderr.contains("reading its saved file needs"), "{stderr}");
-    assert!(stderr.contains("table 't' is registered without this index"), "{stderr}");
+    assert!(
+        stderr.contains("table 't' is registered without this index"),
+        "{stderr}"
+    );
 }
 
 /// A checksum-valid but inconsistent file (the MPHF's leaf size edited, the checksum
@@ -473,13 +481,22 @@ fn resealed_inconsistent_index_is_refused_and_rebuilt() {
     let e = fails(&["inspect", &index]);
     assert!(e.contains("invalid index file: bucket "), "{e}");
     let out = files.path("slots.parquet");
-    let e = fails(&["lookup", "--index", &index, "--input", &data, "--column", "id", "--output", &out]);
+    let e = fails(&[
+        "lookup", "--index", &index, "--input", &data, "--column", "id", "--output", &out,
+    ]);
     assert!(e.contains("invalid index file: bucket "), "{e}");
     assert!(!Path::new(&out).exists());
 
     let table = format!("t={}", files.path("t"));
     let query = "SELECT count(DISTINCT mphf_index(id)) AS n, count(mphf_index(id)) AS m FROM t";
-    ok(&["sql", "-q", "--table", &table, "-c", "CREATE INDEX t_id ON t USING mphf (id)"]);
+    ok(&[
+        "sql",
+        "-q",
+        "--table",
+        &table,
+        "-c",
+        "CREATE INDEX t_id ON t USING mphf (id)",
+    ]);
     let saved: Vec<PathBuf> = std::fs::read_dir(files.path("t/_mphf"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -488,11 +505,17 @@ fn resealed_inconsistent_index_is_refused_and_rebuilt() {
     edit_leaf(&saved[0]);
     for _ in 0..2 {
         let out = mphf(&["sql", "--format", "csv", "--table", &table, "-c", query]);
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
         assert!(out.status.success(), "{stderr}");
         assert!(stdout.contains("5000,5000"), "{stdout}");
         // The first run rebuilds the file, the second reuses the rebuilt one.
-        assert!(stderr.contains("is corrupt (invalid index file: bucket ") || stderr.contains("reusing saved"), "{stderr}");
+        assert!(
+            stderr.contains("is corrupt (invalid index file: bucket ") || stderr.contains("reusing saved"),
+            "{stderr}"
+        );
     }
 }
 

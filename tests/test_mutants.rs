@@ -127,14 +127,22 @@ fn samples() -> Vec<(&'static str, Vec<u8>, ArrayRef)> {
         ColumnIndex::build(&[keys], &opts).unwrap().write_bytes()
     };
     let mut rng = Rng(7);
-    let sparse: ArrayRef = Arc::new(Int64Array::from((0..2000).map(|_| rng.next() as i64).collect::<Vec<_>>()));
-    let strings: ArrayRef = Arc::new(StringArray::from((0..1500).map(|i| format!("s-{i:x}")).collect::<Vec<_>>()));
+    let sparse: ArrayRef = Arc::new(Int64Array::from(
+        (0..2000).map(|_| rng.next() as i64).collect::<Vec<_>>(),
+    ));
+    let strings: ArrayRef = Arc::new(StringArray::from(
+        (0..1500).map(|i| format!("s-{i:x}")).collect::<Vec<_>>(),
+    ));
     let small: ArrayRef = Arc::new(UInt64Array::from((0..300u64).map(|i| i * 977).collect::<Vec<_>>()));
     let one: ArrayRef = Arc::new(Int64Array::from(vec![42]));
     let probes: ArrayRef = Arc::new(Int64Array::from((0..64).map(|i| i * 31 - 5).collect::<Vec<i64>>()));
     vec![
         ("sparse i64, ℓ 8, b 100", build(sparse, 8, 100, false), probes.clone()),
-        ("strings, ℓ 5, b 20, rotation", build(strings.clone(), 5, 20, true), strings),
+        (
+            "strings, ℓ 5, b 20, rotation",
+            build(strings.clone(), 5, 20, true),
+            strings,
+        ),
         ("u64, ℓ 2, b 5", build(small, 2, 5, false), probes.clone()),
         ("one key", build(one, 8, 100, false), probes),
     ]
@@ -142,9 +150,15 @@ fn samples() -> Vec<(&'static str, Vec<u8>, ArrayRef)> {
 
 #[test]
 fn checksum_valid_mutants_never_panic() {
-    let per_index: usize = std::env::var("MPHF_MUTANTS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let per_index: usize = std::env::var("MPHF_MUTANTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     for (name, good, probes) in samples() {
-        assert!(load_and_query(&good, probes.as_ref()), "{name}: the unmutated file loads");
+        assert!(
+            load_and_query(&good, probes.as_ref()),
+            "{name}: the unmutated file loads"
+        );
         let header_words = word(&good, 3) as usize;
         let mut loaded = 0;
         for seed in 0..per_index as u64 {
@@ -182,5 +196,8 @@ fn leaf_edit_is_refused_with_the_bucket_named() {
     set_word(&mut bad, leaf_at + 3, word(&good, leaf_at + 3) ^ 1);
     reseal(&mut bad);
     let e = ColumnIndex::from_bytes(&bad).unwrap_err().to_string();
-    assert!(e.contains("does not map to its slot: the MPHF and the keys disagree"), "{e}");
+    assert!(
+        e.contains("does not map to its slot: the MPHF and the keys disagree"),
+        "{e}"
+    );
 }

@@ -60,7 +60,10 @@ fn check(data: &[u8]) {
             }
         }
     }
-    assert_eq!(ColumnIndex::from_bytes(&index.write_bytes()).map(|i| i.len()).ok(), Some(n));
+    assert_eq!(
+        ColumnIndex::from_bytes(&index.write_bytes()).map(|i| i.len()).ok(),
+        Some(n)
+    );
 }
 
 fuzz_target!(|data: &[u8]| {

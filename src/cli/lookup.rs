@@ -10,10 +10,10 @@ use clap::Args;
 use parquet::arrow::ArrowWriter;
 
 use super::inspect::open_index;
-use crate::atomic_file::AtomicFile;
-use crate::MphfError;
 use super::parquet_io::read_column;
 use super::{CliError, InputArgs};
+use crate::atomic_file::AtomicFile;
+use crate::MphfError;
 
 /// Arguments of `mphf lookup`.
 #[derive(Debug, Clone, Args)]

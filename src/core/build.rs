@@ -366,7 +366,10 @@ fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
 /// Indices of the first occurrence of each distinct key, ascending.
 fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Result<Vec<usize>> {
     let mut pairs = try_filled(keys.len(), (Hash128::default(), 0usize), "the key hashes")?;
-    pairs.par_iter_mut().enumerate().for_each(|(i, p)| *p = (keys.hash128(i, seed), i));
+    pairs
+        .par_iter_mut()
+        .enumerate()
+        .for_each(|(i, p)| *p = (keys.hash128(i, seed), i));
     pairs.par_sort_unstable();
     let mut drop = try_filled(keys.len(), false, "the duplicate marks")?;
     let mut run = 0;
@@ -388,12 +391,14 @@ fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Result<Vec<usize
     std::mem::drop(pairs);
     let mut keep = Vec::new();
     keep.try_reserve_exact(keys.len()).map_err(|_| {
-        MphfError::OutOfMemory(format!("building an MPHF over {} keys: no memory for the kept keys", keys.len()))
+        MphfError::OutOfMemory(format!(
+            "building an MPHF over {} keys: no memory for the kept keys",
+            keys.len()
+        ))
     })?;
     keep.extend((0..keys.len()).filter(|&i| !drop[i]));
     Ok(keep)
 }
-
 
 /// After a repeated `lo` in `bucket`: the description of a truly repeated key, or `None` for a
 /// hash collision between distinct keys (then the caller re-seeds).

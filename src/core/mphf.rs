@@ -209,19 +209,28 @@ impl Mphf {
         for b in 0..self.num_buckets {
             let (first, next, sigma) = self.ef.get(b);
             if first != keys_end {
-                return Err(err(b, format!("starts at key {first}, the previous bucket ends at {keys_end}")));
+                return Err(err(
+                    b,
+                    format!("starts at key {first}, the previous bucket ends at {keys_end}"),
+                ));
             }
             let size = next.checked_sub(first).filter(|&m| m < MAX_BUCKET_KEYS as u64);
             let Some(m) = size else {
                 return Err(err(b, format!("impossible key range {first}..{next}")));
             };
             if sigma != codes_end {
-                return Err(err(b, format!("codes start at bit {sigma}, the previous bucket's end at {codes_end}")));
+                return Err(err(
+                    b,
+                    format!("codes start at bit {sigma}, the previous bucket's end at {codes_end}"),
+                ));
             }
             let fixed_end = sigma + self.memo.skip[m as usize] as u64;
             let nodes = self.memo.nodes[m as usize] as u64;
             codes_end = self.rice.after_ones(fixed_end, nodes).ok_or_else(|| {
-                err(b, format!("{m} keys need {nodes} unary codes after bit {fixed_end}, the vector has fewer"))
+                err(
+                    b,
+                    format!("{m} keys need {nodes} unary codes after bit {fixed_end}, the vector has fewer"),
+                )
             })?;
             keys_end = next;
         }

@@ -184,9 +184,9 @@ fn body_words(idx: &ColumnIndex, mut w: WordWriter) -> Vec<u64> {
 pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
     let len = serialized_len(idx);
     let mut w = WordWriter::new();
-    w.out.try_reserve_exact(len as usize / 8).map_err(|_| {
-        MphfError::OutOfMemory(format!("cannot allocate {len} bytes to write {}", path.display()))
-    })?;
+    w.out
+        .try_reserve_exact(len as usize / 8)
+        .map_err(|_| MphfError::OutOfMemory(format!("cannot allocate {len} bytes to write {}", path.display())))?;
     let words = Words::from(body_words(idx, w));
     let bytes = words.as_bytes();
     let sum = xxhash_rust::xxh3::xxh3_64(bytes);
@@ -203,8 +203,7 @@ pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
 /// [`MphfError::OutOfMemory`], [`MphfError::Io`], or [`MphfError::Format`] for a file that
 /// is shorter or longer than `len`.
 pub(crate) fn read_words(f: &mut impl std::io::Read, len: u64) -> Result<Words> {
-    let words = usize::try_from(words_for(len))
-        .map_err(|_| format_err(format!("impossible file length {len}")))?;
+    let words = usize::try_from(words_for(len)).map_err(|_| format_err(format!("impossible file length {len}")))?;
     let mut buf: Vec<u64> = Vec::new();
     buf.try_reserve_exact(words)
         .map_err(|_| MphfError::OutOfMemory(format!("cannot allocate {len} bytes to read an index file")))?;

@@ -462,13 +462,17 @@ impl ColumnIndex {
     ///
     /// Why these factors: besides the input, a build holds up to three more copies of the key
     /// data (the concatenated, NULL-free column, the deduplication's working copy and the keys
-    /// in slot order) and about 40 bytes per row of hashes, bucket order and codes. The peaks
+    /// in slot order) and up to 80 bytes per row of hashes, bucket order and codes (about 40
+    /// per row for the deduplication, as much again per distinct key for the rest; the number
+    /// of distinct keys is not known before the build, so every row is counted as one). The peaks
     /// measured with `mphf build` on TPC-H columns lie under this estimate (benches/RESULTS.md,
     /// "Build memory").
     pub fn build_bytes_estimate(rows: u64, input_bytes: u64) -> u64 {
         const COPIES_OF_KEYS: u64 = 3;
-        const BYTES_PER_ROW: u64 = 40;
-        input_bytes.saturating_mul(COPIES_OF_KEYS).saturating_add(rows.saturating_mul(BYTES_PER_ROW))
+        const BYTES_PER_ROW: u64 = 80;
+        input_bytes
+            .saturating_mul(COPIES_OF_KEYS)
+            .saturating_add(rows.saturating_mul(BYTES_PER_ROW))
     }
 
     /// The MPHF.
