@@ -74,6 +74,12 @@ impl Files {
     }
 }
 
+/// Creates the folder of table `t` and returns the path of its one data file.
+fn folder_table(files: &Files) -> String {
+    std::fs::create_dir_all(files.path("t")).unwrap();
+    files.path("t/part.parquet")
+}
+
 /// A table with an Int64 key column (NULLs, duplicates), a string column and a float column.
 fn sample(files: &Files) -> String {
     let ids: Vec<Option<i64>> = (0..3000)
@@ -371,8 +377,7 @@ fn tpch_then_sql_reuses_the_saved_index() {
 #[test]
 fn sql_on_stale_and_memory_limit_flags() {
     let files = Files::new();
-    std::fs::create_dir_all(files.path("t")).unwrap();
-    let data = files.path("t/part.parquet");
+    let data = folder_table(&files);
     let ids = |n: i64| Arc::new(Int64Array::from_iter_values(0..n)) as ArrayRef;
     write_parquet(Path::new(&data), vec![("id", ids(1000))]);
     let table = format!("t={}", files.path("t"));
@@ -411,8 +416,7 @@ fn sql_on_stale_and_memory_limit_flags() {
 #[test]
 fn index_memory_is_reserved_before_it_is_used() {
     let files = Files::new();
-    std::fs::create_dir_all(files.path("t")).unwrap();
-    let data = files.path("t/part.parquet");
+    let data = folder_table(&files);
     let keys = Arc::new(StringArray::from_iter_values(
         (0..200_000).map(|i| format!("session-{i:08x}")),
     )) as ArrayRef;
@@ -460,8 +464,7 @@ fn index_memory_is_reserved_before_it_is_used() {
 #[test]
 fn resealed_inconsistent_index_is_refused_and_rebuilt() {
     let files = Files::new();
-    std::fs::create_dir_all(files.path("t")).unwrap();
-    let data = files.path("t/part.parquet");
+    let data = folder_table(&files);
     let ids = Arc::new(Int64Array::from_iter_values((0..5000).map(|i| i * 7919))) as ArrayRef;
     write_parquet(Path::new(&data), vec![("id", ids)]);
     let edit_leaf = |path: &Path| {
@@ -489,14 +492,8 @@ fn resealed_inconsistent_index_is_refused_and_rebuilt() {
 
     let table = format!("t={}", files.path("t"));
     let query = "SELECT count(DISTINCT mphf_index(id)) AS n, count(mphf_index(id)) AS m FROM t";
-    ok(&[
-        "sql",
-        "-q",
-        "--table",
-        &table,
-        "-c",
-        "CREATE INDEX t_id ON t USING mphf (id)",
-    ]);
+    let create = "CREATE INDEX t_id ON t USING mphf (id)";
+    ok(&["sql", "-q", "--table", &table, "-c", create]);
     let saved: Vec<PathBuf> = std::fs::read_dir(files.path("t/_mphf"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -525,8 +522,7 @@ fn resealed_inconsistent_index_is_refused_and_rebuilt() {
 #[test]
 fn saved_index_sees_same_size_rewrites_and_underscore_files() {
     let files = Files::new();
-    std::fs::create_dir_all(files.path("t")).unwrap();
-    let data = files.path("t/part.parquet");
+    let data = folder_table(&files);
     let write = |lo: i64| {
         let keys = Arc::new(Int64Array::from_iter_values(lo..lo + 1000)) as ArrayRef;
         write_parquet(Path::new(&data), vec![("id", keys)]);
