@@ -69,6 +69,18 @@ pub enum MphfError {
     OutOfMemory(String),
 }
 
+/// An empty vector with room for `n` elements, or [`MphfError::OutOfMemory`] with the message
+/// `what` gives: the large per-key and per-file buffers are allocated so, and a request too
+/// large for the machine (or for `ulimit -v`) becomes an error instead of aborting the process.
+///
+/// # Errors
+/// [`MphfError::OutOfMemory`] when the allocation fails.
+pub(crate) fn try_with_capacity<T>(n: usize, what: impl FnOnce() -> String) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| MphfError::OutOfMemory(what()))?;
+    Ok(v)
+}
+
 /// A retryable failure inside one build attempt: the caller re-seeds and tries again.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SolveError {

@@ -32,7 +32,7 @@ use super::mphf::Mphf;
 use super::params::{Params, MAX_BUCKET_KEYS};
 use super::rice::RiceBuilder;
 use super::tree::{self, lower_aggr, split_left, upper_aggr};
-use crate::error::{MphfError, Result, SolveError};
+use crate::error::{try_with_capacity, MphfError, Result, SolveError};
 
 /// Default cap on the candidate index of one node (spec §2.4): far above any real search
 /// (ℓ = 24 leaves need ~2·10^9 on average), far below "forever".
@@ -348,16 +348,13 @@ impl Builder {
     }
 }
 
-/// A vector of `n` copies of `value`, or [`MphfError::OutOfMemory`] naming `what` when it
-/// cannot be allocated. The build's per-key arrays are allocated so: a build too large for the
-/// machine (or for `ulimit -v`) fails with an error instead of aborting the process.
+/// A vector of `n` copies of `value`, allocated fallibly ([`try_with_capacity`]).
 fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| {
-        MphfError::OutOfMemory(format!(
+    let mut v = try_with_capacity(n, || {
+        format!(
             "building an MPHF over {n} keys: cannot allocate {} bytes for {what}",
             n.saturating_mul(std::mem::size_of::<T>())
-        ))
+        )
     })?;
     v.resize(n, value);
     Ok(v)
@@ -389,12 +386,8 @@ fn distinct_indices<K: KeySet + ?Sized>(keys: &K, seed: u64) -> Result<Vec<usize
         run = end;
     }
     std::mem::drop(pairs);
-    let mut keep = Vec::new();
-    keep.try_reserve_exact(keys.len()).map_err(|_| {
-        MphfError::OutOfMemory(format!(
-            "building an MPHF over {} keys: no memory for the kept keys",
-            keys.len()
-        ))
+    let mut keep = try_with_capacity(keys.len(), || {
+        format!("building an MPHF over {} keys: no memory for the kept keys", keys.len())
     })?;
     keep.extend((0..keys.len()).filter(|&i| !drop[i]));
     Ok(keep)

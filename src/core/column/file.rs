@@ -45,7 +45,7 @@ use super::{ColumnIndex, ColumnStats, KeyType};
 use crate::atomic_file::AtomicFile;
 use crate::core::words::{WordReader, WordWriter, Words};
 use crate::core::Mphf;
-use crate::error::{MphfError, Result};
+use crate::error::{try_with_capacity, MphfError, Result};
 
 /// The first 8 bytes of every column index file.
 pub const MAGIC: [u8; 8] = *b"MPHFIDX\0";
@@ -183,11 +183,10 @@ fn body_words(idx: &ColumnIndex, mut w: WordWriter) -> Vec<u64> {
 /// from it, with the checksum computed over the same bytes: no second copy of the file.
 pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
     let len = serialized_len(idx);
-    let mut w = WordWriter::new();
-    w.out
-        .try_reserve_exact(len as usize / 8)
-        .map_err(|_| MphfError::OutOfMemory(format!("cannot allocate {len} bytes to write {}", path.display())))?;
-    let words = Words::from(body_words(idx, w));
+    let out = try_with_capacity(len as usize / 8, || {
+        format!("cannot allocate {len} bytes to write {}", path.display())
+    })?;
+    let words = Words::from(body_words(idx, WordWriter { out }));
     let bytes = words.as_bytes();
     let sum = xxhash_rust::xxh3::xxh3_64(bytes);
     let mut file = AtomicFile::create(path)?;
@@ -204,9 +203,7 @@ pub(crate) fn write_to_path(idx: &ColumnIndex, path: &Path) -> Result<()> {
 /// is shorter or longer than `len`.
 pub(crate) fn read_words(f: &mut impl std::io::Read, len: u64) -> Result<Words> {
     let words = usize::try_from(words_for(len)).map_err(|_| format_err(format!("impossible file length {len}")))?;
-    let mut buf: Vec<u64> = Vec::new();
-    buf.try_reserve_exact(words)
-        .map_err(|_| MphfError::OutOfMemory(format!("cannot allocate {len} bytes to read an index file")))?;
+    let mut buf: Vec<u64> = try_with_capacity(words, || format!("cannot allocate {len} bytes to read an index file"))?;
     buf.resize(words, 0);
     // SAFETY: the vector holds `words` initialized u64s, a valid run of 8·words bytes; the
     // byte view lives only while `buf` is borrowed here.
