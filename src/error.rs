@@ -58,6 +58,9 @@ pub enum MphfError {
     /// A serialized index could not be read: truncated, corrupt, foreign, or of another version.
     #[error("invalid index file: {0}")]
     Format(String),
+    /// A slot-map file that cannot be used (corrupt, stale, or made for another index).
+    #[error("slot map: {0}")]
+    SlotMap(String),
     /// An I/O error while reading or writing an index file.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -18,5 +18,6 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod index;
 
 pub use error::{MphfError, Result};

@@ -175,7 +175,7 @@ const QUERIES: &[Query] = &[
 ];
 
 /// The rows of `batches` as sorted strings (order-insensitive comparison).
-fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
+pub(super) fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
     let opts = FormatOptions::default().with_null("NULL");
     let mut rows = Vec::new();
     for b in batches {
@@ -222,7 +222,7 @@ async fn time_pair(
 }
 
 /// The MPHF operators in the MPHF session's physical plan of `sql` ("agg", "join"), or "hash".
-async fn mphf_operators(ctx: &MphfContext, sql: &str) -> Result<String> {
+pub(super) async fn mphf_operators(ctx: &MphfContext, sql: &str) -> Result<String> {
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     let text = displayable(plan.as_ref()).indent(true).to_string();
     let ops: Vec<&str> = [("MphfAggregateExec", "agg"), ("MphfJoinExec", "join")]
@@ -266,7 +266,7 @@ const LARGE_SCALE: f64 = 5.0;
 /// of after 10 ms. Measured on the 24 GiB machine: SF 10 in memory ran out of memory with the
 /// delay and not without it, while at SF 1 the delay keeps GROUP BY l_orderkey at 100–110 ms
 /// instead of 170–190 ms (benches/RESULTS.md, session 4).
-fn purge_freed_memory_at_once() {
+pub(super) fn purge_freed_memory_at_once() {
     // mimalloc's `mi_option_purge_delay` (15) is the option just before `mi_option_use_numa_nodes`
     // in mimalloc.h's `mi_option_e`, in its v2 and v3 headers; the -sys crate does not name it.
     let purge_delay = libmimalloc_sys::mi_option_use_numa_nodes - 1;
@@ -417,6 +417,9 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
     }
     if mismatches > 0 {
         bail!("{mismatches} queries gave different rows with and without MPHF");
+    }
+    if suite == Suite::Demo && only.is_empty() {
+        super::bench_sparse::demo_line(parts, args.runs).await?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 
 pub mod bench_build;
 pub mod bench_slots;
+pub mod bench_sparse;
 pub mod build;
 pub mod demo;
 pub mod difftest;
@@ -71,6 +72,9 @@ pub enum BenchCommand {
     /// TPC-H joins on key columns with and without MPHF in one process: median times, ratios
     /// and the path vanilla DataFusion took (hash join mode or ArrayMap).
     Join(demo::DemoArgs),
+    /// GROUP BY / JOIN / DISTINCT on sparse, unclustered keys (random ids, UUID-like strings),
+    /// in memory and over Parquet, with and without MPHF: median times and ratios.
+    Sparse(bench_sparse::BenchSparseArgs),
 }
 
 /// Runs a parsed command line.
@@ -89,6 +93,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
         Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args, demo::Suite::GroupBy)),
         Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),
+        Command::Bench(BenchCommand::Sparse(args)) => block_on(bench_sparse::run(args)),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())

@@ -38,6 +38,7 @@ use futures::StreamExt;
 use crate::core::column::{ColumnIndex, IndexOptions, KeyType};
 use crate::core::Params;
 use crate::device::Device;
+use crate::index::SlotMaps;
 
 use super::config::MphfConfig;
 use super::error::to_df;
@@ -632,7 +633,14 @@ impl MphfContext {
             source,
             path: saved,
         };
-        let handle = IndexHandle::new(Arc::new(index), info, Some(reservation));
+        let index = Arc::new(index);
+        let slot_maps = if cfg.row_slots {
+            self.slot_maps_for(&inner, &column, &index, info.path.as_deref(), &reservation, &over_pool)
+                .await?
+        } else {
+            None
+        };
+        let handle = IndexHandle::new(index, info, slot_maps, Some(reservation));
         let mut indexes = existing;
         indexes.insert(column, Arc::clone(&handle));
         let new_table: Arc<dyn TableProvider> = Arc::new(MphfTable::new(inner, indexes));
@@ -640,6 +648,64 @@ impl MphfContext {
         self.ctx.register_table(table.reference.clone(), new_table)?;
         self.registry.insert(Arc::clone(&handle));
         Ok(handle)
+    }
+
+    /// The slot maps of `index` over the Parquet files of `inner` (`None` for other tables): read
+    /// from the file next to the saved index when they are valid for this index and these files,
+    /// else made and saved there. Their bytes are reserved in `reservation` first. A table whose
+    /// slot maps cannot be made keeps its index without them (with a notice).
+    async fn slot_maps_for(
+        &self,
+        inner: &Arc<dyn TableProvider>,
+        column: &str,
+        index: &Arc<ColumnIndex>,
+        saved: Option<&std::path::Path>,
+        reservation: &MemoryReservation,
+        over_pool: &(dyn Fn(&str, u64, DataFusionError) -> DataFusionError + Sync),
+    ) -> Result<Option<Arc<SlotMaps>>> {
+        let Some((_, files)) = persist::data_files(inner.as_ref()) else {
+            return Ok(None);
+        };
+        let Some(stamps) = persist::stamps(&files) else {
+            return Ok(None);
+        };
+        if stamps.is_empty() || stamps.iter().any(|s| s.rows < 0) || index.len() >= u64::from(crate::index::NO_SLOT) {
+            return Ok(None);
+        }
+        let rows: u64 = stamps.iter().map(|s| s.rows as u64).sum();
+        // Slot maps are an accelerator: a pool too small for them leaves the index without.
+        if let Err(e) = reservation.try_grow(rows as usize * 4) {
+            self.notice(&over_pool("its slot maps", rows * 4, e).to_string());
+            return Ok(None);
+        }
+        let path = saved.map(slot_map_path);
+        if let Some(p) = path.as_ref().filter(|p| p.exists()) {
+            match SlotMaps::read(p, index, &stamps) {
+                Ok(maps) => return Ok(Some(Arc::new(maps))),
+                Err(e) => self.notice(&format!("slot maps {} not used ({e}); making them again", p.display())),
+            }
+        }
+        let (index, col) = (Arc::clone(index), column.to_string());
+        let built = tokio::task::spawn_blocking(move || SlotMaps::build(&stamps, &col, &index))
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let maps = match built {
+            Ok(maps) => maps,
+            Err(e) => {
+                reservation.shrink(rows as usize * 4);
+                self.notice(&format!("column '{column}' has no slot maps: {e}"));
+                return Ok(None);
+            }
+        };
+        if let Some(p) = &path {
+            if let Err(e) = maps.write(p) {
+                self.notice(&format!(
+                    "could not save slot maps to {}: {e}; they are used unsaved",
+                    p.display()
+                ));
+            }
+        }
+        Ok(Some(Arc::new(maps)))
     }
 
     /// Scans `column` of `inner` once and builds its index on a blocking thread; also returns the
@@ -735,7 +801,15 @@ impl MphfContext {
         self.registry.remove(name);
         if let Some(p) = &info.path {
             let _ = std::fs::remove_file(p);
+            let _ = std::fs::remove_file(slot_map_path(p));
         }
         Ok(true)
     }
+}
+
+/// Where the slot maps of the index saved at `index_path` are saved: beside it, `.slots` added.
+pub fn slot_map_path(index_path: &std::path::Path) -> std::path::PathBuf {
+    let mut name = index_path.as_os_str().to_owned();
+    name.push(".slots");
+    std::path::PathBuf::from(name)
 }

@@ -29,6 +29,7 @@ pub mod error;
 pub mod join;
 pub mod persist;
 pub mod registry;
+pub mod slot_scan;
 pub mod statements;
 pub mod table;
 pub mod tpch;

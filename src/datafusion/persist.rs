@@ -14,14 +14,13 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
 
 use ::datafusion::catalog::TableProvider;
 use ::datafusion::datasource::listing::ListingTable;
-use parquet::file::metadata::ParquetMetaDataReader;
 
 use crate::core::column::ColumnIndex;
 use crate::core::Params;
+use crate::index::FileStamp;
 
 use super::table::MphfTable;
 
@@ -44,13 +43,6 @@ impl Fingerprint {
     }
 }
 
-/// Reads a Parquet footer's row count (`None` when the file is not Parquet).
-fn parquet_rows(path: &Path) -> Option<i64> {
-    let file = std::fs::File::open(path).ok()?;
-    let md = ParquetMetaDataReader::new().parse_and_finish(&file).ok()?;
-    Some(md.file_metadata().num_rows())
-}
-
 /// Every file under `dir` whose name ends with `ext`. DataFusion reads files whose names start
 /// with `_` or `.` too, so none is skipped by name; descending into every folder can only add
 /// files (a stricter fingerprint), and the index folder holds no data files.
@@ -68,39 +60,10 @@ fn collect_files(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) -> std::io::Resu
     Ok(())
 }
 
-/// Bytes read at each sampled place of a file's content.
-const SAMPLE_BYTES: u64 = 4096;
-/// Places sampled across a file (besides its footer).
-const SAMPLES: u64 = 16;
-/// Bytes of the file's end hashed whole (a Parquet footer: schema, row groups, statistics).
-const FOOTER_BYTES: u64 = 64 * 1024;
-
-/// A hash of the file's end and of `SAMPLES` evenly spaced blocks: a rewrite that keeps the
-/// path, size, mtime and row count (`cp -p`, `rsync -t`) still changes it, since other keys
-/// change the footer's statistics or the sampled pages. Reads at most 128 KiB.
-fn content_hash(path: &Path, len: u64) -> Option<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path).ok()?;
-    let mut buf = Vec::new();
-    let mut read_at = |offset: u64, n: u64, buf: &mut Vec<u8>| -> Option<()> {
-        file.seek(SeekFrom::Start(offset)).ok()?;
-        (&mut file).take(n).read_to_end(buf).ok()?;
-        Some(())
-    };
-    let footer = FOOTER_BYTES.min(len);
-    read_at(len - footer, footer, &mut buf)?;
-    let body = len - footer;
-    if body > 0 {
-        for i in 0..SAMPLES {
-            read_at(body * i / SAMPLES, SAMPLE_BYTES.min(body), &mut buf)?;
-        }
-    }
-    Some(xxhash_rust::xxh3::xxh3_64(&buf))
-}
-
-/// The fingerprint of a local Parquet (or other file) listing table; `None` for any other
-/// provider, remote stores and glob paths (such tables are not persisted).
-pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
+/// The data files of a local Parquet (or other file) listing table, with the folder the default
+/// `_mphf/` directory goes into; `None` for any other provider, remote stores and glob paths
+/// (such tables are not persisted and have no slot maps).
+pub fn data_files(provider: &dyn TableProvider) -> Option<(PathBuf, Vec<PathBuf>)> {
     let provider = match provider.downcast_ref::<MphfTable>() {
         Some(t) => t.inner().as_ref(),
         None => provider,
@@ -118,9 +81,6 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
             data_dir.get_or_insert_with(|| path.clone());
             let mut found = Vec::new();
             collect_files(&path, &ext, &mut found).ok()?;
-            // A folder registered by CREATE EXTERNAL TABLE carries a glob such as `*.parquet`.
-            // Keeping every file that matches by name or by relative path can only add files
-            // to the fingerprint, which makes it stricter, never looser.
             if let Some(glob) = url.get_glob() {
                 found.retain(|f| {
                     let name = f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
@@ -136,25 +96,25 @@ pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
             files.push(path);
         }
     }
-    let mut lines = Vec::with_capacity(files.len());
-    for f in files {
-        let f = f.canonicalize().ok()?;
-        let md = std::fs::metadata(&f).ok()?;
-        let mtime = md.modified().ok()?.duration_since(UNIX_EPOCH).ok()?.as_nanos();
-        let rows = parquet_rows(&f).unwrap_or(-1);
-        let content = content_hash(&f, md.len())?;
-        lines.push(format!(
-            "{}\t{}\t{}\t{}\t{content:016x}",
-            f.display(),
-            md.len(),
-            mtime,
-            rows
-        ));
-    }
-    lines.sort();
+    Some((data_dir?, files))
+}
+
+/// The stamps of `files`, sorted by path; `None` when one cannot be read.
+pub fn stamps(files: &[PathBuf]) -> Option<Vec<FileStamp>> {
+    let mut stamps = files
+        .iter()
+        .map(|f| FileStamp::of(f).ok())
+        .collect::<Option<Vec<_>>>()?;
+    stamps.sort_by(|a, b| a.line.cmp(&b.line));
+    Some(stamps)
+}
+
+/// The fingerprint of a local Parquet (or other file) listing table (see [`data_files`]).
+pub fn fingerprint(provider: &dyn TableProvider) -> Option<Fingerprint> {
+    let (data_dir, files) = data_files(provider)?;
     Some(Fingerprint {
-        data_dir: data_dir?,
-        lines,
+        data_dir,
+        lines: stamps(&files)?.into_iter().map(|s| s.line).collect(),
     })
 }
 

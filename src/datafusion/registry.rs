@@ -26,6 +26,7 @@ use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::prelude::SessionConfig;
 
 use crate::core::column::ColumnIndex;
+use crate::index::SlotMaps;
 
 /// Field metadata key that marks a column as MPHF-indexed; the value is the index's label.
 pub const INDEX_METADATA_KEY: &str = "mphf.index";
@@ -33,6 +34,12 @@ pub const INDEX_METADATA_KEY: &str = "mphf.index";
 /// Field-metadata key of `mphf_index(...)`'s output: the id of the index whose slots the column
 /// holds (so a GROUP BY on it can use the slots as group indices without a lookup).
 pub const SLOT_METADATA_KEY: &str = "mphf.slot_of";
+
+/// Field-metadata key of the column a slot-map scan appends (see
+/// [`slot_scan`](super::slot_scan)): the label of the index whose slots it holds. A row's value
+/// is its key's slot, [`NO_SLOT`](crate::index::NO_SLOT) for a NULL key, or NULL when the scan
+/// could not vouch for it (the row must be looked up).
+pub const SCAN_SLOTS_METADATA_KEY: &str = "mphf.scan_slots_of";
 
 /// Where the index of a handle came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +101,8 @@ pub struct IndexHandle {
     index: Arc<ColumnIndex>,
     /// Facts shown by `SHOW MPHF INDEXES`.
     info: IndexInfo,
+    /// The slot of every row of the indexed column per data file, for file-backed tables.
+    slot_maps: Option<Arc<SlotMaps>>,
     /// Bytes reserved in the session's memory pool (released on drop).
     _reservation: Option<MemoryReservation>,
     /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
@@ -128,12 +137,18 @@ static LIVE: LazyLock<RwLock<HashMap<u64, Weak<IndexHandle>>>> = LazyLock::new(|
 
 impl IndexHandle {
     /// Registers `index` under a fresh id.
-    pub fn new(index: Arc<ColumnIndex>, info: IndexInfo, reservation: Option<MemoryReservation>) -> Arc<IndexHandle> {
+    pub fn new(
+        index: Arc<ColumnIndex>,
+        info: IndexInfo,
+        slot_maps: Option<Arc<SlotMaps>>,
+        reservation: Option<MemoryReservation>,
+    ) -> Arc<IndexHandle> {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let handle = Arc::new(IndexHandle {
             id,
             index,
             info,
+            slot_maps,
             _reservation: reservation,
             #[cfg(feature = "cuda")]
             gpu: std::sync::OnceLock::new(),
@@ -159,6 +174,10 @@ impl IndexHandle {
     /// The facts.
     pub fn info(&self) -> &IndexInfo {
         &self.info
+    }
+    /// The slot maps of the table's data files, if it has them.
+    pub fn slot_maps(&self) -> Option<&Arc<SlotMaps>> {
+        self.slot_maps.as_ref()
     }
 
     /// The index on the GPU, uploaded on the first call and cached while the handle lives.

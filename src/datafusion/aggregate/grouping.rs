@@ -26,7 +26,7 @@ use ::datafusion::common::{internal_err, Result};
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
-use crate::datafusion::registry::SLOT_METADATA_KEY;
+use crate::datafusion::registry::{SCAN_SLOTS_METADATA_KEY, SLOT_METADATA_KEY};
 
 /// Variable-length byte strings stored end to end (one per group).
 #[derive(Default)]
@@ -68,6 +68,9 @@ pub(super) struct Grouping {
     pub key_expr: Arc<dyn PhysicalExpr>,
     /// The key already holds slots (`mphf_index(col)`, see [`SLOT_METADATA_KEY`]): no lookup.
     pub key_is_slot: bool,
+    /// Position in the input of the slots a slot-map scan appended for the key
+    /// ([`SCAN_SLOTS_METADATA_KEY`]): read instead of looking the key up.
+    pub scan_slots: Option<usize>,
     /// The other group expressions, in order.
     pub deps: Vec<Arc<dyn PhysicalExpr>>,
     /// Row format of the dependents (`None` for a one-column GROUP BY).
@@ -95,6 +98,12 @@ impl Grouping {
             .return_field(&input)?
             .metadata()
             .contains_key(SLOT_METADATA_KEY);
+        let scan_slots = agg
+            .input()
+            .schema()
+            .fields()
+            .iter()
+            .position(|f| f.metadata().contains_key(SCAN_SLOTS_METADATA_KEY));
         let deps: Vec<Arc<dyn PhysicalExpr>> = exprs
             .iter()
             .enumerate()
@@ -111,6 +120,7 @@ impl Grouping {
             key_pos,
             key_expr,
             key_is_slot,
+            scan_slots,
             dep_converter: if deps.is_empty() {
                 None
             } else {

@@ -26,10 +26,11 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use super::grouping::{ByteRows, Grouping};
-use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
+use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SCAN_SLOT_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
 use crate::core::column::ABSENT;
 use crate::datafusion::registry::IndexHandle;
+use crate::datafusion::slot_scan::scan_slots_of;
 
 /// `group_of_slot` value of a slot that has no group yet.
 const NO_GROUP: u32 = u32::MAX;
@@ -58,6 +59,8 @@ pub(super) struct SlotMetrics {
     pub input_rows: Count,
     pub slots_touched: Count,
     pub fallback_rows: Count,
+    /// Rows whose slots came from a slot-map scan (no lookup).
+    pub scan_slot_rows: Count,
     pub lookup_time: Time,
     pub aggregation_time: Time,
     pub emitting_time: Time,
@@ -77,6 +80,7 @@ impl SlotMetrics {
             input_rows: MetricBuilder::new(metrics).counter("input_rows", partition),
             slots_touched: MetricBuilder::new(metrics).counter(SLOTS_TOUCHED_METRIC_NAME, partition),
             fallback_rows: MetricBuilder::new(metrics).counter(FALLBACK_ROWS_METRIC_NAME, partition),
+            scan_slot_rows: MetricBuilder::new(metrics).counter(SCAN_SLOT_ROWS_METRIC_NAME, partition),
             lookup_time: MetricBuilder::new(metrics).subset_time("time_calculating_group_ids", partition),
             aggregation_time: MetricBuilder::new(metrics).subset_time("aggregation_time", partition),
             emitting_time: MetricBuilder::new(metrics).subset_time("emitting_time", partition),
@@ -263,7 +267,13 @@ impl SlotGroups {
             let lookup_time = self.metrics.lookup_time.clone();
             let _timer = lookup_time.timer();
             let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
-            if self.grouping.key_is_slot {
+            let from_scan = self
+                .grouping
+                .scan_slots
+                .is_some_and(|c| scan_slots_of(batch.column(c), &mut self.slots));
+            if from_scan {
+                self.metrics.scan_slot_rows.add(rows);
+            } else if self.grouping.key_is_slot {
                 slots_of_slot_column(&key, self.n_slots, &mut self.slots)?;
             } else {
                 self.index

@@ -85,12 +85,15 @@ pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
 /// columns differing from their slot's first row.
 pub const FALLBACK_ROWS_METRIC_NAME: &str = "fallback_rows";
 
+/// Counter of rows whose slots a slot-map scan handed over (no lookup, see `slot_scan`).
+pub const SCAN_SLOT_ROWS_METRIC_NAME: &str = "scan_slot_rows";
+
 /// Counter of rows aggregated by the GPU placement (0 when it ran on the CPU or fell back to it).
 pub const GPU_ROWS_METRIC_NAME: &str = "gpu_rows";
 
 /// `agg` over the single new child in `children` (both forms keep the replaced aggregate
 /// inside and rebuild it when the plan's children change).
-fn with_new_input(
+pub(super) fn with_new_input(
     agg: &Arc<AggregateExec>,
     children: Vec<Arc<dyn ExecutionPlan>>,
     options: ReplaceChildrenOptions,

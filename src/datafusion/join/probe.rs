@@ -116,7 +116,10 @@ impl Prober {
             let _t = self.metrics.lookup_time.timer();
             let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
             let translated = match &self.translation {
-                Some((t, pool)) if t.probe_index().lookup_row_slots(lookup.as_ref(), &mut slots) => {
+                Some((t, pool))
+                    if t.scan_slots(batch, &mut slots)
+                        || t.probe_index().lookup_row_slots(lookup.as_ref(), &mut slots) =>
+                {
                     match t.table(&self.index, pool) {
                         Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
                         None => false,

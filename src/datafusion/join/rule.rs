@@ -72,7 +72,7 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
-use super::translate::translates_probe;
+use super::translate::{translates_probe, with_probe_scan_slots};
 use super::{supports_join_type, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
@@ -281,12 +281,12 @@ fn candidates(
     // whole index while holding 1/P of its keys.
     let tables_pay =
         collect_left || costing.partitioned_max_partitions == 0 || partitions <= costing.partitioned_max_partitions;
-    let one_for_one = match tables_pay && (per_row_lookup_pays || translates_probe(join, key)) {
-        true => Some(MphfJoinExec::new(
-            Arc::new(join.builder().build()?),
-            Arc::clone(&handle),
-            key,
-        )),
+    // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
+    let slotted =
+        |join: HashJoinExec| -> Result<HashJoinExec> { Ok(with_probe_scan_slots(&join, key)?.unwrap_or(join)) };
+    let one = slotted(join.builder().build()?)?;
+    let one_for_one = match tables_pay && (per_row_lookup_pays || translates_probe(&one, key)) {
+        true => Some(MphfJoinExec::new(Arc::new(one), Arc::clone(&handle), key)),
         false => None,
     };
     // CollectLeft (and Auto) joins are already in their only form.
@@ -300,12 +300,13 @@ fn candidates(
     } else {
         spread(without_exchange(join.right(), false), probe_partitions)?
     };
-    let collected = join
-        .builder()
-        .with_partition_mode(PartitionMode::CollectLeft)
-        .with_new_children(vec![left, right])?
-        .recompute_properties()
-        .build()?;
+    let collected = slotted(
+        join.builder()
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .with_new_children(vec![left, right])?
+            .recompute_properties()
+            .build()?,
+    )?;
     let collect = (per_row_lookup_pays || translates_probe(&collected, key))
         .then(|| MphfJoinExec::new(Arc::new(collected), handle, key));
     Ok(match (one_for_one, collect) {

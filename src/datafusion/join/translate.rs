@@ -15,10 +15,13 @@
 
 use std::sync::{Arc, OnceLock};
 
+use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::common::Result;
 use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use ::datafusion::physical_expr::expressions::{CastExpr, Column};
 use ::datafusion::physical_expr::Partitioning;
 use ::datafusion::physical_expr::PhysicalExprRef;
+use ::datafusion::physical_plan::joins::utils::build_join_schema;
 use ::datafusion::physical_plan::joins::HashJoinExec;
 use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
@@ -27,6 +30,7 @@ use ::datafusion::physical_plan::ExecutionPlan;
 use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ColumnIndex;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
+use crate::datafusion::slot_scan::{attach_scan_slots, scan_slots_of, scan_slots_position, SCAN_SLOTS_COLUMN};
 use crate::datafusion::table::MphfRelabelExec;
 
 /// The probe column that carries an index with row slots, and that index.
@@ -35,6 +39,8 @@ pub(crate) struct ProbeIndex {
     pub column: Column,
     /// Its index.
     pub index: Arc<IndexHandle>,
+    /// Position on the probe side of the slots a slot-map scan appends for that index.
+    pub scan_slots: Option<usize>,
 }
 
 /// The probe side's indexed column for key pair `key` of `join`, when its index keeps row
@@ -49,9 +55,11 @@ pub(crate) fn probe_index(join: &HashJoinExec, key: usize) -> Option<ProbeIndex>
         let field = schema.fields().get(c.index())?;
         let index = index_of_field(field)?;
         let own_type = index.index().keys().data_type() == field.data_type();
-        (own_type && index.index().has_row_slots()).then(|| ProbeIndex {
+        let scan_slots = scan_slots_position(&schema, &index);
+        (own_type && (index.index().has_row_slots() || scan_slots.is_some())).then(|| ProbeIndex {
             column: c.clone(),
             index,
+            scan_slots,
         })
     };
     let col = join.on().get(key)?.1.downcast_ref::<Column>()?;
@@ -93,7 +101,58 @@ pub(crate) fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> b
 /// Whether `join`'s probe key pair `key` gets its slots by translation: the probe key carries
 /// an index with row slots ([`probe_index`]) and the probe side hands it that table's arrays.
 pub(crate) fn translates_probe(join: &HashJoinExec, key: usize) -> bool {
-    probe_index(join, key).is_some_and(|p| hands_table_arrays(join.right(), p.column.index()))
+    probe_index(join, key).is_some_and(|p| p.scan_slots.is_some() || hands_table_arrays(join.right(), p.column.index()))
+}
+
+/// `join` with the probe key's slots appended to its probe side by a slot-map scan (see
+/// [`attach_scan_slots`]), when the probe key is an indexed column of a table with slot maps;
+/// the join's projection leaves the slot column out of its output, so its schema is
+/// unchanged. `None` otherwise.
+pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<Option<HashJoinExec>> {
+    let Some(col) = join.on().get(key).and_then(|(_, r)| r.downcast_ref::<Column>()) else {
+        return Ok(None);
+    };
+    let Some(index) = join
+        .right()
+        .schema()
+        .fields()
+        .get(col.index())
+        .and_then(|f| index_of_field(f))
+    else {
+        return Ok(None);
+    };
+    if index.slot_maps().is_none()
+        || index.index().keys().data_type() != join.right().schema().field(col.index()).data_type()
+    {
+        return Ok(None);
+    }
+    let Some((right, _)) = attach_scan_slots(join.right(), col.index(), &index)? else {
+        return Ok(None);
+    };
+    let left = Arc::clone(join.left());
+    let (full, _) = build_join_schema(&left.schema(), &right.schema(), join.join_type());
+    let wanted: Vec<usize> = match join.projection.as_deref() {
+        Some(p) => p.to_vec(),
+        None => (0..build_join_schema(&left.schema(), &join.right().schema(), join.join_type())
+            .0
+            .fields()
+            .len())
+            .collect(),
+    };
+    let projection = match full.fields().iter().position(|f| f.name() == SCAN_SLOTS_COLUMN) {
+        Some(at) => wanted.into_iter().map(|i| if i >= at { i + 1 } else { i }).collect(),
+        None => wanted,
+    };
+    let rebuilt = join
+        .builder()
+        .with_new_children(vec![left, right])?
+        .with_projection(Some(projection))
+        .recompute_properties()
+        .build()?;
+    if rebuilt.schema().fields().len() != join.schema().fields().len() {
+        return Ok(None);
+    }
+    Ok(Some(rebuilt))
 }
 
 /// The translation state of one join node: built on the first probe batch found in the
@@ -120,6 +179,15 @@ impl Translator {
     /// The expression the probe lookup reads.
     pub(crate) fn lookup_key(&self) -> PhysicalExprRef {
         Arc::new(self.probe.column.clone())
+    }
+
+    /// The probe batch's slots in the probe index, from the column a slot-map scan appended
+    /// (into `out`); false when there is none or it does not vouch for every row.
+    pub(crate) fn scan_slots(&self, batch: &RecordBatch, out: &mut Vec<u64>) -> bool {
+        self.probe
+            .scan_slots
+            .and_then(|c| batch.columns().get(c))
+            .is_some_and(|c| scan_slots_of(c, out))
     }
 
     /// The probe column's index.

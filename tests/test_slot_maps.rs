@@ -1,0 +1,274 @@
+//! Slot maps over Parquet tables: a GROUP BY on an indexed column of a Parquet table reads each
+//! row's slot from the index's slot maps through `SlotScanExec`, and its rows equal vanilla
+//! DataFusion's under pruning, filters (pushed down or not), several files and batch sizes from
+//! 1 to 8192. Every row must get its slot from the scan (`scan_slot_rows` = `input_rows`):
+//! with the per-row group sum of a unique column, a row paired with its neighbour's slot would
+//! change a sum. A file rewritten under the index with the same name, size and modification
+//! time gets vanilla's answer, and saved slot maps are reused, or remade when corrupt.
+
+#![cfg(feature = "datafusion")]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_mphf::datafusion::MphfContext;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding};
+use parquet::file::properties::WriterProperties;
+
+/// Rows per file, files, distinct ids.
+const ROWS: i64 = 10_000;
+const FILES: i64 = 2;
+const IDS: i64 = 5_000;
+
+/// A pseudo-random permutation step (odd, so `i * STEP mod 2^64` is a bijection).
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// File `f` of the table with id values `id_base + 7·k`: sparse ids in random row order (every
+/// 101st NULL), a session string, the global row number `seq` (clustered, so a filter on it
+/// prunes row groups) and a unique `v`. Plain encoding, no compression: a file of other ids
+/// has the same size.
+fn write_file(path: &Path, f: i64, id_base: i64) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, false),
+        Field::new("seq", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let seq: Vec<i64> = (f * ROWS..(f + 1) * ROWS).collect();
+    let id: Vec<Option<i64>> = seq
+        .iter()
+        .map(|&r| (r % 101 != 0).then(|| id_base + 7 * (mix(r as u64) % IDS as u64) as i64))
+        .collect();
+    let s: Vec<String> = seq
+        .iter()
+        .map(|&r| format!("sess-{:08x}", mix(r as u64 ^ 0xabc) % 3000))
+        .collect();
+    let v: Vec<i64> = seq.iter().map(|&r| r * 7 + 3).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(id)),
+        Arc::new(StringArray::from(s)),
+        Arc::new(Int64Array::from(seq)),
+        Arc::new(Int64Array::from(v)),
+    ];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1000))
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_encoding(Encoding::PLAIN)
+        .build();
+    let tmp = path.with_extension("tmp");
+    let mut w = ArrowWriter::try_new(std::fs::File::create(&tmp).unwrap(), schema, Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A folder with the table's files.
+fn table_dir(id_base: i64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in 0..FILES {
+        write_file(&dir.path().join(format!("part-{f}.parquet")), f, id_base);
+    }
+    dir
+}
+
+fn config(batch_size: usize, pushdown: bool) -> SessionConfig {
+    let mut c = SessionConfig::new()
+        .with_target_partitions(2)
+        .with_batch_size(batch_size);
+    c.options_mut().execution.parquet.pushdown_filters = pushdown;
+    c
+}
+
+/// An MPHF session over the table in `dir` with indexes on `id` and `s`, the costing forced on.
+async fn mphf_session(dir: &Path, batch_size: usize, pushdown: bool) -> MphfContext {
+    let ctx = MphfContext::with_config(config(batch_size, pushdown));
+    ctx.register_parquet("ev", dir.to_str().unwrap()).await.unwrap();
+    for sql in [
+        "CREATE INDEX IF NOT EXISTS ev_id ON ev USING mphf (id)",
+        "CREATE INDEX IF NOT EXISTS ev_s ON ev USING mphf (s)",
+        "SET mphf.aggregate_min_slots = 0",
+        "SET mphf.aggregate_max_slot_entries_per_row = 1000000000",
+        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000000000",
+        "SET mphf.aggregate_device = 'cpu'",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    ctx
+}
+
+/// Sorted pretty-printed rows.
+fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+async fn vanilla_rows(dir: &Path, sql: &str, batch_size: usize, pushdown: bool) -> Vec<String> {
+    let ctx = SessionContext::new_with_config(config(batch_size, pushdown));
+    ctx.register_parquet("ev", dir.to_str().unwrap(), Default::default())
+        .await
+        .unwrap();
+    sorted_rows(&ctx.sql(sql).await.unwrap().collect().await.unwrap())
+}
+
+/// Sum of metric `name` over the MPHF aggregate nodes of `plan`.
+fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let own = if plan.name().starts_with("MphfAggregateExec") || plan.name().starts_with("MphfMerged") {
+        plan.metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize())
+    } else {
+        0
+    };
+    own + plan.children().into_iter().map(|c| metric_sum(c, name)).sum::<usize>()
+}
+
+/// Runs `sql` in the MPHF session: its sorted rows, its plan text, and the rows the aggregate
+/// read and how many of them had their slot from the scan.
+async fn mphf_run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String, usize, usize) {
+    let df = ctx.sql(sql).await.unwrap();
+    let plan = df.create_physical_plan().await.unwrap();
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    let batches = collect(Arc::clone(&plan), ctx.ctx().task_ctx()).await.unwrap();
+    (
+        sorted_rows(&batches),
+        text,
+        metric_sum(&plan, "input_rows"),
+        metric_sum(&plan, "scan_slot_rows"),
+    )
+}
+
+const QUERIES: [&str; 5] = [
+    "SELECT id, count(*) AS n, sum(v) AS sv FROM ev GROUP BY id",
+    "SELECT id, sum(v) AS sv, max(seq) AS ms FROM ev WHERE v % 3 = 0 GROUP BY id",
+    "SELECT id, sum(v) AS sv FROM ev WHERE seq >= 12500 GROUP BY id",
+    "SELECT id, sum(v) AS sv, count(s) AS ns FROM ev WHERE seq BETWEEN 3500 AND 4700 OR seq > 19990 GROUP BY id",
+    "SELECT s, count(*) AS n, sum(v) AS sv FROM ev GROUP BY s",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_slots_are_aligned_under_pruning_filters_and_batch_sizes() {
+    let dir = table_dir(1_000_000_007);
+    for (batch_size, pushdown) in [(8192, false), (1000, true), (7, false), (7, true), (1, true)] {
+        let ctx = mphf_session(dir.path(), batch_size, pushdown).await;
+        for sql in QUERIES {
+            let want = vanilla_rows(dir.path(), sql, batch_size, pushdown).await;
+            let (got, plan, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
+            let case = format!("batch {batch_size}, pushdown {pushdown}: {sql}\n{plan}");
+            assert_eq!(got, want, "{case}");
+            assert!(plan.contains("SlotScanExec"), "{case}");
+            assert!(input_rows > 0, "{case}");
+            assert_eq!(scan_rows, input_rows, "every row has its slot from the scan: {case}");
+        }
+        // LIMIT over the slot-scanned aggregate, and mphf_index beside it, still agree.
+        let sql = "SELECT id, sum(v) FROM ev GROUP BY id ORDER BY id LIMIT 7";
+        assert_eq!(
+            mphf_run(&ctx, sql).await.0,
+            vanilla_rows(dir.path(), sql, batch_size, pushdown).await
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_maps_are_saved_reused_and_remade_when_corrupt() {
+    let dir = table_dir(77);
+    let sql = QUERIES[0];
+    let want = vanilla_rows(dir.path(), sql, 8192, false).await;
+    let first = mphf_session(dir.path(), 8192, false).await;
+    assert_eq!(mphf_run(&first, sql).await.0, want);
+    let slots = dir.path().join("_mphf").join("ev.id.mphf.slots");
+    assert!(slots.is_file(), "slot maps saved at {}", slots.display());
+    drop(first);
+
+    // A new session reuses the saved index and its slot maps.
+    let again = MphfContext::with_config(config(8192, false));
+    again
+        .register_parquet("ev", dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    let before = std::fs::metadata(&slots).unwrap().modified().unwrap();
+    let (got, plan, input_rows, scan_rows) = {
+        again.sql("SET mphf.aggregate_min_slots = 0").await.unwrap();
+        again
+            .sql("SET mphf.aggregate_max_slot_entries_per_row = 1000000000")
+            .await
+            .unwrap();
+        mphf_run(&again, sql).await
+    };
+    assert_eq!(got, want, "{plan}");
+    assert_eq!((scan_rows, input_rows > 0), (input_rows, true), "{plan}");
+    assert_eq!(
+        std::fs::metadata(&slots).unwrap().modified().unwrap(),
+        before,
+        "reused, not rewritten"
+    );
+    drop(again);
+
+    // A corrupt slot-map file is refused and made again; results stay right.
+    let mut bytes = std::fs::read(&slots).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&slots, &bytes).unwrap();
+    let third = mphf_session(dir.path(), 8192, false).await;
+    let (got, plan, input_rows, scan_rows) = mphf_run(&third, sql).await;
+    assert_eq!(got, want, "{plan}");
+    assert_eq!(scan_rows, input_rows, "{plan}");
+    assert_ne!(std::fs::read(&slots).unwrap(), bytes, "remade");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_rewritten_with_the_same_name_size_and_mtime_gets_vanillas_answer() {
+    let dir = table_dir(500);
+    let sql = QUERIES[0];
+    let ctx = mphf_session(dir.path(), 4096, false).await;
+    let (got, _, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
+    assert_eq!(got, vanilla_rows(dir.path(), sql, 4096, false).await);
+    assert_eq!(scan_rows, input_rows);
+
+    // Rewrite file 0 with other ids, keeping its name, size and modification time.
+    let target = dir.path().join("part-0.parquet");
+    let old = std::fs::metadata(&target).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let replacement = other.path().join("part-0.parquet");
+    write_file(&replacement, 0, 900);
+    assert_eq!(std::fs::metadata(&replacement).unwrap().len(), old.len(), "same size");
+    std::fs::copy(&replacement, &target).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&target)
+        .unwrap()
+        .set_modified(old.modified().unwrap())
+        .unwrap();
+    let now = std::fs::metadata(&target).unwrap();
+    assert_eq!(
+        (now.len(), now.modified().unwrap()),
+        (old.len(), old.modified().unwrap())
+    );
+
+    // The live session sees the rewrite at scan time; a new one at registration.
+    let want = vanilla_rows(dir.path(), sql, 4096, false).await;
+    let (got, plan, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
+    assert_eq!(got, want, "{plan}");
+    assert!(
+        scan_rows < input_rows,
+        "the rewritten file's rows were looked up: {plan}"
+    );
+    let fresh = mphf_session(dir.path(), 4096, false).await;
+    let (got, plan, input_rows, scan_rows) = mphf_run(&fresh, sql).await;
+    assert_eq!(got, want, "{plan}");
+    assert_eq!(scan_rows, input_rows, "remade for the new content: {plan}");
+}
