@@ -198,6 +198,26 @@ async fn indexed_probe_keys_translate_their_slots() {
             .unwrap();
         let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
         assert!(text.contains("probe_translated_rows=30.00 K"), "{text}");
+        let kept = ["translations_made=0,", "translations_made=0]"];
+        assert!(
+            kept.iter().any(|m| text.contains(m)),
+            "kept from the join above: {text}"
+        );
+        // A new build index makes its own translation, once for all partitions.
+        for sql in [
+            "DROP INDEX dimv_vname",
+            "CREATE INDEX dimv_vname ON dimv USING mphf (vname)",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        let df = ctx
+            .sql("EXPLAIN ANALYZE SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname")
+            .await
+            .unwrap();
+        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        let made_once = ["translations_made=1,", "translations_made=1]"];
+        assert!(made_once.iter().any(|m| text.contains(m)), "{text}");
+        assert!(text.contains("probe_translated_rows=30.00 K"), "{text}");
         let plan = compare(
             &ctx,
             "SELECT count(*) FROM (SELECT name FROM fact WHERE v % 2 = 0) f JOIN dim d ON f.name = d.name",

@@ -5,6 +5,7 @@
 //! with the per-row group sum of a unique column, a row paired with its neighbour's slot would
 //! change a sum. A file rewritten under the index with the same name, size and modification
 //! time gets vanilla's answer, and saved slot maps are reused, or remade when corrupt.
+//! `mphf_index(col)` over such a scan returns the stored slots, equal to the lookup's.
 
 #![cfg(feature = "datafusion")]
 
@@ -267,8 +268,53 @@ async fn a_file_rewritten_with_the_same_name_size_and_mtime_gets_vanillas_answer
         scan_rows < input_rows,
         "the rewritten file's rows were looked up: {plan}"
     );
+    // mphf_index over the rewritten file answers as the lookup (its stored slots are unused).
+    let stored = "SELECT seq, mphf_index(id) AS slot FROM ev";
+    let looked_up = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev";
+    assert_eq!(mphf_run(&ctx, stored).await.0, mphf_run(&ctx, looked_up).await.0);
     let fresh = mphf_session(dir.path(), 4096, false).await;
     let (got, plan, input_rows, scan_rows) = mphf_run(&fresh, sql).await;
     assert_eq!(got, want, "{plan}");
     assert_eq!(scan_rows, input_rows, "remade for the new content: {plan}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mphf_index_over_the_scan_returns_the_stored_slots() {
+    let dir = table_dir(3_000_000_019);
+    for (batch_size, pushdown) in [(8192, false), (7, true), (1, false)] {
+        let ctx = mphf_session(dir.path(), batch_size, pushdown).await;
+        for filter in ["", "WHERE seq >= 12500", "WHERE v % 3 = 0 OR seq < 40"] {
+            for (key, index) in [("id", "ev_id"), ("s", "ev_s")] {
+                // `seq` is unique: a slot handed to a neighbouring row changes a (seq, slot) pair.
+                let stored = format!("SELECT seq, mphf_index({key}) AS slot FROM ev {filter}");
+                let looked_up = format!("SELECT seq, mphf_index('{index}', {key}) AS slot FROM ev {filter}");
+                let (got, plan, _, _) = mphf_run(&ctx, &stored).await;
+                let case = format!("batch {batch_size}, pushdown {pushdown}: {stored}\n{plan}");
+                assert!(
+                    plan.contains("[stored slots]") && plan.contains("SlotScanExec"),
+                    "{case}"
+                );
+                let (want, lookup_plan, _, _) = mphf_run(&ctx, &looked_up).await;
+                assert!(!lookup_plan.contains("[stored slots]"), "{lookup_plan}");
+                assert_eq!(got, want, "{case}");
+            }
+            // The scan carries one index's slots: the second key of a projection is looked up.
+            let both = format!("SELECT seq, mphf_index(id) AS a, mphf_index(s) AS b FROM ev {filter}");
+            let both_looked_up =
+                format!("SELECT seq, mphf_index('ev_id', id) AS a, mphf_index('ev_s', s) AS b FROM ev {filter}");
+            let (got, plan, _, _) = mphf_run(&ctx, &both).await;
+            assert_eq!(plan.matches("[stored slots]").count(), 1, "{plan}");
+            assert_eq!(got, mphf_run(&ctx, &both_looked_up).await.0, "{plan}");
+        }
+        // NULL keys (every 101st row) get NULL slots; LIMIT over the stored slots.
+        let nulls = "SELECT count(*) AS n FROM (SELECT mphf_index(id) AS slot FROM ev) WHERE slot IS NULL";
+        let null_ids = "SELECT count(*) AS n FROM ev WHERE id IS NULL";
+        assert_eq!(
+            mphf_run(&ctx, nulls).await.0,
+            vanilla_rows(dir.path(), null_ids, batch_size, pushdown).await
+        );
+        let limited = "SELECT seq, mphf_index(id) AS slot FROM ev ORDER BY seq LIMIT 5";
+        let limited_lookup = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev ORDER BY seq LIMIT 5";
+        assert_eq!(mphf_run(&ctx, limited).await.0, mphf_run(&ctx, limited_lookup).await.0);
+    }
 }

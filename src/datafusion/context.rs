@@ -81,6 +81,7 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
     );
     builder
         .with_optimizer_rule(Arc::new(super::union_labels::MphfUnionLabels::new()))
+        .with_physical_optimizer_rule(Arc::new(super::udf::MphfStoredSlotsRule::new()))
         .with_physical_optimizer_rule(Arc::new(super::aggregate::MphfAggregateRule::new()))
         .with_physical_optimizer_rule(Arc::new(super::join::MphfJoinRule::new()))
 }

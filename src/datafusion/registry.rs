@@ -19,12 +19,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock, Weak};
 
 use ::datafusion::arrow::datatypes::Field;
-use ::datafusion::execution::memory_pool::MemoryReservation;
+use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use ::datafusion::prelude::SessionConfig;
 
+use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ColumnIndex;
 use crate::index::SlotMaps;
 
@@ -105,6 +106,10 @@ pub struct IndexHandle {
     slot_maps: Option<Arc<SlotMaps>>,
     /// Bytes reserved in the session's memory pool (released on drop).
     _reservation: Option<MemoryReservation>,
+    /// Translations of other indexes' slots into this index's, by the other index's id, made
+    /// on a join's first use and kept while both indexes live (each with its reservation;
+    /// `None`: the translation cannot be made, see [`SlotTranslation::build`]).
+    translations: Mutex<HashMap<u64, Option<(Arc<SlotTranslation>, MemoryReservation)>>>,
     /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
     #[cfg(feature = "cuda")]
     gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, String>>,
@@ -150,6 +155,7 @@ impl IndexHandle {
             info,
             slot_maps,
             _reservation: reservation,
+            translations: Mutex::new(HashMap::new()),
             #[cfg(feature = "cuda")]
             gpu: std::sync::OnceLock::new(),
         });
@@ -161,6 +167,36 @@ impl IndexHandle {
     /// The id.
     pub fn id(&self) -> u64 {
         self.id
+    }
+    /// The translation of `probe`'s slots into this index's, made on first use (in parallel,
+    /// 4 bytes per probe slot reserved in `pool`) and kept with this index for later queries;
+    /// the second value says whether this call made it. `None` when the pool cannot hold it
+    /// (tried again next time) or it cannot be made (a slot past `u32`, a key type this index
+    /// cannot take). Joins running at once wait for one build.
+    pub fn translation_from(
+        &self,
+        probe: &IndexHandle,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> (Option<Arc<SlotTranslation>>, bool) {
+        let mut cache = self.translations.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = cache.get(&probe.id) {
+            return (entry.as_ref().map(|(t, _)| Arc::clone(t)), false);
+        }
+        // Entries of dropped indexes are never asked for again (ids are not reused).
+        cache.retain(|id, _| resolve_index(*id).is_some());
+        let name = format!(
+            "MphfIndex[translation {}.{} -> {}.{}]",
+            probe.info.table, probe.info.column, self.info.table, self.info.column
+        );
+        let reservation = MemoryConsumer::new(name).register(pool);
+        if reservation.try_grow(4 * probe.index.len() as usize).is_err() {
+            return (None, false);
+        }
+        let made = SlotTranslation::build(&probe.index, &self.index).ok().flatten();
+        let entry = made.map(|t| (Arc::new(t), reservation));
+        let out = entry.as_ref().map(|(t, _)| Arc::clone(t));
+        cache.insert(probe.id, entry);
+        (out, true)
     }
     /// The field-metadata value that names this index: `<process nonce>:<id>` (see
     /// [`id_of_label`]).

@@ -158,6 +158,27 @@ pub fn attach_scan_slots(
     Ok(None)
 }
 
+/// Whether column `col` of `plan` is a column of an indexed table's scan whose arrays reach
+/// `plan`'s output as the scan produced them: only projections of plain columns and
+/// round-robin repartitions (which move whole batches) lie between. Filters, hash
+/// repartitions, sorts and casts build new arrays, which the row slots would not find.
+pub fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
+    if plan.downcast_ref::<MphfRelabelExec>().is_some() {
+        return true;
+    }
+    if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
+        return p
+            .expr()
+            .get(col)
+            .and_then(|e| e.expr.downcast_ref::<Column>())
+            .is_some_and(|c| hands_table_arrays(p.input(), c.index()));
+    }
+    match plan.downcast_ref::<RepartitionExec>() {
+        Some(r) if matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) => hands_table_arrays(r.input(), col),
+        _ => false,
+    }
+}
+
 /// The slots a slot-map scan appended, as lookup slots (`NO_SLOT`, a NULL key, becomes
 /// `ABSENT`) in `out`; false, leaving `out` to a lookup, when any is NULL (rows the scan did
 /// not vouch for) or `column` is not the scan's slot column type.

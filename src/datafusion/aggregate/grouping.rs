@@ -26,7 +26,8 @@ use ::datafusion::common::{internal_err, Result};
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
-use crate::datafusion::registry::{SCAN_SLOTS_METADATA_KEY, SLOT_METADATA_KEY};
+use crate::datafusion::registry::{IndexHandle, SLOT_METADATA_KEY};
+use crate::datafusion::slot_scan::scan_slots_position;
 
 /// Variable-length byte strings stored end to end (one per group).
 #[derive(Default)]
@@ -69,7 +70,8 @@ pub(super) struct Grouping {
     /// The key already holds slots (`mphf_index(col)`, see [`SLOT_METADATA_KEY`]): no lookup.
     pub key_is_slot: bool,
     /// Position in the input of the slots a slot-map scan appended for the key
-    /// ([`SCAN_SLOTS_METADATA_KEY`]): read instead of looking the key up.
+    /// ([`crate::datafusion::registry::SCAN_SLOTS_METADATA_KEY`], this index's label): read
+    /// instead of looking the key up.
     pub scan_slots: Option<usize>,
     /// The other group expressions, in order.
     pub deps: Vec<Arc<dyn PhysicalExpr>>,
@@ -84,7 +86,12 @@ pub(super) struct Grouping {
 impl Grouping {
     /// The grouping of `agg` with the indexed key at `key_pos`; output types from `out_schema`
     /// (the schema of the node whose rows are emitted: group columns first).
-    pub(super) fn try_new(agg: &AggregateExec, key_pos: usize, out_schema: &Schema) -> Result<Self> {
+    pub(super) fn try_new(
+        agg: &AggregateExec,
+        key_pos: usize,
+        out_schema: &Schema,
+        index: &IndexHandle,
+    ) -> Result<Self> {
         let exprs = agg.group_expr().expr();
         if key_pos >= exprs.len() || out_schema.fields().len() < exprs.len() {
             return internal_err!(
@@ -98,12 +105,7 @@ impl Grouping {
             .return_field(&input)?
             .metadata()
             .contains_key(SLOT_METADATA_KEY);
-        let scan_slots = agg
-            .input()
-            .schema()
-            .fields()
-            .iter()
-            .position(|f| f.metadata().contains_key(SCAN_SLOTS_METADATA_KEY));
+        let scan_slots = scan_slots_position(&agg.input().schema(), index);
         let deps: Vec<Arc<dyn PhysicalExpr>> = exprs
             .iter()
             .enumerate()

@@ -213,7 +213,7 @@ impl SlotGroups {
         let n_slots = usize::try_from(index.index().len())
             .map_err(|_| DataFusionError::Execution("MPHF index too large for this platform".into()))?;
         Ok(Self {
-            grouping: Grouping::try_new(agg, key_pos, out_schema)?,
+            grouping: Grouping::try_new(agg, key_pos, out_schema, &index)?,
             index,
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             accs,

@@ -400,7 +400,7 @@ fn merge_range(
     slots_touched: &::datafusion::physical_plan::metrics::Count,
 ) -> Result<RecordBatch> {
     let schema = ExecutionPlan::schema(exec.final_agg.as_ref());
-    let grouping = Grouping::try_new(&exec.partial, exec.key_pos, &schema)?;
+    let grouping = Grouping::try_new(&exec.partial, exec.key_pos, &schema, &exec.index)?;
     let has_deps = grouping.dep_converter.is_some();
     let mut accs = exec
         .final_agg

@@ -56,7 +56,9 @@
 //! `gpu` places every supported aggregation on the GPU (see `aggregate::gpu`: one key column,
 //! count/sum/min/max/avg over integer, float and decimal columns); `auto` does so when a GPU is
 //! usable, the input is estimated at [`GPU_MIN_ROWS`] rows or more and at
-//! [`GPU_MIN_ROWS_PER_SLOT`] rows per slot; `cpu` never. A GPU-placed node skips the CPU
+//! [`GPU_MIN_ROWS_PER_SLOT`] rows per slot, and the scan does not hand the slots over (slot maps
+//! or row slots: the CPU then has no lookup to do, while the GPU path still uploads and looks up
+//! every key); `cpu` never. A GPU-placed node skips the CPU
 //! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
 //! loss); in the per-partition form it keeps a slot-entries limit, the partitioned one
 //! (`mphf.aggregate_max_slot_entries_per_row_partitioned`, default 1) whatever the mode: every
@@ -89,7 +91,7 @@ use super::lineage::depends_on_key;
 use super::{with_new_input, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::attach_scan_slots;
+use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays};
 use crate::device::Device;
 
 /// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
@@ -134,6 +136,7 @@ fn gpu_placement(
     agg: &AggregateExec,
     key_pos: usize,
     key_is_slot: bool,
+    slots_at_hand: bool,
     slots: u64,
     costing: &Costing,
     estimates: &RowEstimator,
@@ -141,6 +144,9 @@ fn gpu_placement(
     let wanted = match costing.device {
         Device::Cpu => false,
         Device::Gpu => true,
+        // Slots handed over by the scan (slot maps, row slots) leave the CPU no lookup to do;
+        // the GPU would still upload the keys and look them up.
+        Device::Auto if slots_at_hand => false,
         Device::Auto => {
             estimates
                 .rows(agg.input())
@@ -221,6 +227,12 @@ fn try_as_mphf_aggregate(
     };
     let index = handle.index();
     let slots = index.len();
+    // Keys read as an in-memory table's own arrays find their slots in the row slots (a copy).
+    let reads_row_slots = index.has_row_slots()
+        && agg.group_expr().expr()[key_pos]
+            .0
+            .downcast_ref::<Column>()
+            .is_some_and(|c| hands_table_arrays(agg.input(), c.index()));
     let slot_entries_fit = |limit: f64| {
         estimates.rows(agg.input()).is_none_or(|rows| {
             let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
@@ -228,7 +240,15 @@ fn try_as_mphf_aggregate(
         })
     };
     // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
-    if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, slots, costing, estimates) {
+    if let Some(placement) = gpu_placement(
+        agg,
+        key_pos,
+        key_is_slot,
+        scan_slots.is_some() || reads_row_slots,
+        slots,
+        costing,
+        estimates,
+    ) {
         if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned) {
             let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
             return Ok(Some(exec));
@@ -241,6 +261,7 @@ fn try_as_mphf_aggregate(
     // Byte keys with the decoded MPHF copy cost less per row than hashing them into a table.
     // (Read straight from a scan: after a join, 16 partitions measured 0.55× on GROUP BY c_name.)
     let cheap_lookup = scan_slots.is_some()
+        || reads_row_slots
         || index.dense_lookup_bytes() > 0
         || (index.flat_lookup_bytes() > 0 && index.key_type().width().is_none() && !reads_a_join(agg.input()));
     if !key_is_slot && !cheap_lookup && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {

@@ -314,6 +314,7 @@ impl ExecutionPlan for MphfJoinExec {
             probe_rows: metric().counter("probe_rows", partition),
             probe_absent: metric().counter("probe_absent_rows", partition),
             probe_translated: metric().counter("probe_translated_rows", partition),
+            translations_made: metric().counter("translations_made", partition),
         };
         let schema = self.schema();
         // Everything but the build side, which arrives when the build future resolves.

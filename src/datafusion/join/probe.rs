@@ -45,6 +45,8 @@ pub struct ProbeMetrics {
     pub probe_absent: Count,
     /// Probe rows whose slots came from the probe index's row slots, translated.
     pub probe_translated: Count,
+    /// Slot translations this plan made (0 when it reused the one kept with the index).
+    pub translations_made: Count,
 }
 
 /// What a probe stream needs; shared (read-only) by its batches.
@@ -120,7 +122,7 @@ impl Prober {
                     if t.scan_slots(batch, &mut slots)
                         || t.probe_index().lookup_row_slots(lookup.as_ref(), &mut slots) =>
                 {
-                    match t.table(&self.index, pool) {
+                    match t.table(&self.index, pool, &self.metrics.translations_made) {
                         Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
                         None => false,
                     }

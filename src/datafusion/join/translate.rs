@@ -17,21 +17,21 @@ use std::sync::{Arc, OnceLock};
 
 use ::datafusion::arrow::array::RecordBatch;
 use ::datafusion::common::Result;
-use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use ::datafusion::execution::memory_pool::MemoryPool;
 use ::datafusion::physical_expr::expressions::{CastExpr, Column};
-use ::datafusion::physical_expr::Partitioning;
 use ::datafusion::physical_expr::PhysicalExprRef;
 use ::datafusion::physical_plan::joins::utils::build_join_schema;
 use ::datafusion::physical_plan::joins::HashJoinExec;
+use ::datafusion::physical_plan::metrics::Count;
 use ::datafusion::physical_plan::projection::ProjectionExec;
-use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::ExecutionPlan;
 
 use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ColumnIndex;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::{attach_scan_slots, scan_slots_of, scan_slots_position, SCAN_SLOTS_COLUMN};
-use crate::datafusion::table::MphfRelabelExec;
+use crate::datafusion::slot_scan::{
+    attach_scan_slots, hands_table_arrays, scan_slots_of, scan_slots_position, SCAN_SLOTS_COLUMN,
+};
 
 /// The probe column that carries an index with row slots, and that index.
 pub(crate) struct ProbeIndex {
@@ -75,27 +75,6 @@ pub(crate) fn probe_index(join: &HashJoinExec, key: usize) -> Option<ProbeIndex>
             .is_some_and(|c| c.index() == read.index())
     })?;
     with_slots(&Column::new(schema.field(out).name(), out))
-}
-
-/// Whether column `col` of `plan` is a column of an indexed table's scan whose arrays reach
-/// `plan`'s output as the scan produced them: only projections of plain columns and
-/// round-robin repartitions (which move whole batches) lie between. Filters, hash
-/// repartitions, sorts and casts build new arrays, which the row slots would not find.
-pub(crate) fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
-    if plan.downcast_ref::<MphfRelabelExec>().is_some() {
-        return true;
-    }
-    if let Some(p) = plan.downcast_ref::<ProjectionExec>() {
-        return p
-            .expr()
-            .get(col)
-            .and_then(|e| e.expr.downcast_ref::<Column>())
-            .is_some_and(|c| hands_table_arrays(p.input(), c.index()));
-    }
-    match plan.downcast_ref::<RepartitionExec>() {
-        Some(r) if matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) => hands_table_arrays(r.input(), col),
-        _ => false,
-    }
 }
 
 /// Whether `join`'s probe key pair `key` gets its slots by translation: the probe key carries
@@ -155,11 +134,12 @@ pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<O
     Ok(Some(rebuilt))
 }
 
-/// The translation state of one join node: built on the first probe batch found in the
-/// probe index's row slots, kept for re-executions.
+/// The translation state of one join node: the translation kept with the build index, looked
+/// up on the first probe batch whose slots the scan or the row slots gave, then held for
+/// re-executions.
 pub(crate) struct Translator {
     probe: ProbeIndex,
-    table: OnceLock<Option<(Arc<SlotTranslation>, MemoryReservation)>>,
+    table: OnceLock<Option<Arc<SlotTranslation>>>,
 }
 
 impl Translator {
@@ -195,17 +175,24 @@ impl Translator {
         self.probe.index.index()
     }
 
-    /// The translation of the probe index's slots into `build`'s, built on first use; `None`
-    /// when the memory pool cannot hold it (4 bytes per probe slot) or it cannot be built (the
-    /// probe then takes the verified lookup).
-    pub(crate) fn table(&self, build: &IndexHandle, pool: &Arc<dyn MemoryPool>) -> Option<Arc<SlotTranslation>> {
-        let entry = self.table.get_or_init(|| {
-            let reservation =
-                MemoryConsumer::new(format!("MphfJoinExec[translation {}]", self.describe())).register(pool);
-            reservation.try_grow(4 * self.probe_index().len() as usize).ok()?;
-            let table = SlotTranslation::build(self.probe_index(), build.index()).ok()??;
-            Some((Arc::new(table), reservation))
-        });
-        entry.as_ref().map(|(t, _)| Arc::clone(t))
+    /// The translation of the probe index's slots into `build`'s (kept with `build`'s index
+    /// across queries, see [`IndexHandle::translation_from`]), looked up once per plan;
+    /// `made` counts the translations this plan made. `None`: the probe takes the verified
+    /// lookup.
+    pub(crate) fn table(
+        &self,
+        build: &IndexHandle,
+        pool: &Arc<dyn MemoryPool>,
+        made: &Count,
+    ) -> Option<Arc<SlotTranslation>> {
+        self.table
+            .get_or_init(|| {
+                let (table, fresh) = build.translation_from(&self.probe.index, pool);
+                if fresh {
+                    made.add(1);
+                }
+                table
+            })
+            .clone()
     }
 }

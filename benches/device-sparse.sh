@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device run (the H200 host, 16 cores, no Rust there) of the sparse-key suite (issue 19):
+# `mphf bench sparse` in several processes over in-memory tables and Parquet files, DuckDB on
+# the same Parquet files, and an index build with slot maps over a large Parquet table.
+#
+# Usage on the device: benches/device-sparse.sh BIN OUT_DIR [PART] [ROWS] [PROCESSES]
+#   BIN: a `mphf` release binary built here, stripped and xz-compressed, carried over;
+#   PART: suite (default) | build | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
+#   PROCESSES: processes of the suite (default 3; the medians of each are kept apart).
+# DuckDB: wheels carried in .whl/ (see the device README) are installed into /tmp/site first;
+# without them the DuckDB step prints its skip notice.
+set -u
+BIN=${1:?mphf binary}
+OUT=${2:?output dir}
+PART=${3:-suite}
+ROWS=${4:-30000000}
+PROCS=${5:-3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+nproc > "$OUT/nproc.txt"
+
+if ls "$HERE"/../.whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$HERE"/../.whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+
+if [ "$PART" = suite ] || [ "$PART" = all ]; then
+  DIR=/tmp/sparse-suite
+  for p in $(seq 1 "$PROCS"); do
+    log "bench sparse, $ROWS rows, process $p"
+    timeout 280 "$BIN" bench sparse --rows "$ROWS" --runs 5 --parquet "$DIR" --json "$OUT/sparse_p$p.json" \
+      --markdown > "$OUT/sparse_p$p.md" 2>&1
+    echo "exit $?" >> "$OUT/sparse_p$p.md"
+  done
+  log "DuckDB on the same Parquet files"
+  timeout 200 python3 "$HERE/duckdb_sparse.py" "$DIR" --json "$OUT/sparse_p1.json" --runs 5 > "$OUT/duckdb.md" 2>&1
+  echo "exit $?" >> "$OUT/duckdb.md"
+fi
+
+if [ "$PART" = build ] || [ "$PART" = all ]; then
+  # The index build with slot maps (CREATE INDEX times in the output) and the bytes on disk.
+  DIR=/tmp/sparse-build
+  log "index build with slot maps, 10^8 rows, Parquet"
+  timeout 400 "$BIN" bench sparse --rows 100000000 --mode parquet --runs 1 --only "GROUP BY id" --parquet "$DIR" \
+    --markdown > "$OUT/build_1e8.md" 2>&1
+  echo "exit $?" >> "$OUT/build_1e8.md"
+  du -b "$DIR"/events/*.parquet "$DIR"/events/_mphf/* "$DIR"/dims/_mphf/* >> "$OUT/build_1e8.md" 2>&1
+fi
+log "done"
