@@ -109,11 +109,14 @@ pub struct IndexHandle {
     /// Translations of other indexes' slots into this index's, by the other index's id, made
     /// on a join's first use and kept while both indexes live (each with its reservation;
     /// `None`: the translation cannot be made, see [`SlotTranslation::build`]).
-    translations: Mutex<HashMap<u64, Option<(Arc<SlotTranslation>, MemoryReservation)>>>,
+    translations: Mutex<HashMap<u64, KeptTranslation>>,
     /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
     #[cfg(feature = "cuda")]
     gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, String>>,
 }
+
+/// A translation kept with an index, with the memory it holds (`None`: cannot be made).
+type KeptTranslation = Option<(Arc<SlotTranslation>, MemoryReservation)>;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A random value of this process that every label carries: metadata that did not come from a

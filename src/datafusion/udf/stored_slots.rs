@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use ::datafusion::arrow::array::{Array, RecordBatch, UInt32Array};
@@ -43,7 +44,7 @@ use crate::datafusion::slot_scan::{attach_scan_slots, SCAN_SLOTS_COLUMN};
 use crate::index::NO_SLOT;
 
 /// `mphf_index(col)` answered from the slot column a slot-map scan appended.
-#[derive(Debug, Eq, Hash)]
+#[derive(Debug, Eq)]
 pub struct StoredSlotsExpr {
     /// The appended slot column (`UInt32`, `NO_SLOT` for a NULL key, NULL where not vouched).
     slots: Arc<dyn PhysicalExpr>,
@@ -54,6 +55,13 @@ pub struct StoredSlotsExpr {
 impl PartialEq for StoredSlotsExpr {
     fn eq(&self, other: &Self) -> bool {
         *self.slots == *other.slots && *self.lookup == *other.lookup
+    }
+}
+
+impl Hash for StoredSlotsExpr {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.slots.hash(state);
+        self.lookup.hash(state);
     }
 }
 
