@@ -5,7 +5,7 @@
 #
 # Usage on the device: benches/device-sparse.sh BIN OUT_DIR [PART] [ROWS] [PROCESSES]
 #   BIN: a `mphf` release binary built here, stripped and xz-compressed, carried over;
-#   PART: suite (default) | build | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
+#   PART: suite (default) | build | explain | tpch | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
 #   PROCESSES: processes of the suite (default 3; the medians of each are kept apart).
 # DuckDB: wheels carried in .whl/ (see the device README) are installed into /tmp/site first;
 # without them the DuckDB step prints its skip notice.
@@ -47,5 +47,24 @@ if [ "$PART" = build ] || [ "$PART" = all ]; then
     --markdown > "$OUT/build_1e8.md" 2>&1
   echo "exit $?" >> "$OUT/build_1e8.md"
   du -b "$DIR"/events/*.parquet "$DIR"/events/_mphf/* "$DIR"/dims/_mphf/* >> "$OUT/build_1e8.md" 2>&1
+fi
+if [ "$PART" = explain ] || [ "$PART" = all ]; then
+  # Where the range form's time goes on this host (EXPLAIN ANALYZE: scatter_time, merge_time, ...).
+  DIR=/tmp/sparse-suite
+  [ -d "$DIR/events" ] || timeout 200 "$BIN" bench sparse --rows "$ROWS" --mode parquet --runs 1 --only "GROUP BY id" \
+    --parquet "$DIR" > "$OUT/explain_setup.md" 2>&1
+  for q in "SELECT id, count(*), sum(amount) FROM events GROUP BY id" "SELECT session, count(*) FROM events GROUP BY session"; do
+    log "EXPLAIN ANALYZE $q"
+    timeout 120 "$BIN" sql --table events="$DIR/events" --format csv -c "$q" -c "EXPLAIN ANALYZE $q" 2>&1 \
+      | grep -o 'MphfAggregateExec.*' >> "$OUT/explain.txt"
+  done
+fi
+
+if [ "$PART" = tpch ] || [ "$PART" = all ]; then
+  # The TPC-H GROUP BY and JOIN suites at SF 1 on all cores (no row may fall below 0.95x).
+  log "bench groupby SF 1"
+  timeout 200 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1.md" 2>&1
+  log "bench join SF 1"
+  timeout 150 "$BIN" bench join --scale 1 --runs 5 --markdown > "$OUT/join_sf1.md" 2>&1
 fi
 log "done"

@@ -565,3 +565,73 @@ async fn foreign_index_labels_name_no_index() {
         assert!(err.contains("column 'x' has no MPHF index"), "{forged}: {err}");
     }
 }
+
+/// An unclustered key with few rows per slot and input partition runs in the range form (rows
+/// scattered by slot range, each range aggregated straight to final values), with vanilla's
+/// results: NULL keys, all-NULL value groups, dependent columns that disagree with their slot,
+/// a key read by an aggregate too, slot keys, string keys, and more partitions than ranges; a
+/// clustered key keeps the partials form.
+#[tokio::test]
+async fn unclustered_keys_merge_by_slot_range() {
+    for partitions in [2, 3, 16] {
+        let ctx = setup_dependent(partitions).await;
+        ctx.sql("SET mphf.aggregate_require_dependence = false").await.unwrap();
+        for sql in [
+            "CREATE TABLE st AS SELECT 'user-' || CAST(value * 7919 % 6007 AS VARCHAR) AS u, value AS w \
+               FROM generate_series(1, 15000)",
+            "CREATE INDEX st_u ON st USING mphf (u)",
+            "CREATE TABLE few AS SELECT value * 7 % 13 AS fk, value AS fv FROM generate_series(1, 40)",
+            "CREATE INDEX few_fk ON few USING mphf (fk)",
+            "SET mphf.aggregate_min_slots = 0",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        for sql in [
+            "SELECT k, count(*), sum(v), avg(d), min(v), max(s) FROM t GROUP BY k",
+            "SELECT k, sum(nd), avg(nd), min(nd), count(nd) FROM t WHERE v % 11 = 0 OR k % 5 <> 0 GROUP BY k",
+            "SELECT k, s, count(*), sum(v) FROM t GROUP BY k, s",
+            "SELECT k, sum(k), max(v) FROM t GROUP BY k",
+            "SELECT k, sum(v) AS sv FROM t GROUP BY k ORDER BY sv DESC, k LIMIT 7",
+            "SELECT k, sum(m), count(*) FROM t WHERE v % 500 = 7 GROUP BY k",
+            "SELECT mphf_index(k) AS s, count(*), sum(v) FROM t GROUP BY mphf_index(k)",
+            "SELECT u, count(*), max(w) FROM st GROUP BY u",
+            "SELECT count(DISTINCT u) FROM st",
+            "SELECT fk, count(*), sum(fv) FROM few GROUP BY fk",
+        ] {
+            assert!(
+                compare(&ctx, sql).await,
+                "operator not used for {sql} at {partitions} partitions"
+            );
+            let (_, plan) = run(&ctx, sql).await;
+            assert!(
+                operator_line(&plan).contains("form=ranges"),
+                "{sql} at {partitions} partitions:\n{plan}"
+            );
+        }
+        let sql = "SELECT lk, count(*), sum(qty) FROM li GROUP BY lk";
+        assert!(compare(&ctx, sql).await);
+        let (_, plan) = run(&ctx, sql).await;
+        assert!(operator_line(&plan).contains("form=partials"), "{plan}");
+    }
+}
+
+/// The slot-entries limit weighs the partitions' slot arrays against the rows; the range form
+/// keeps no per-partition arrays, so its slots count once: a filter leaving 2,000 rows of an
+/// unclustered key with 6,000 slots (declined in the partials form at 2 and 16 partitions:
+/// P × 6,000 > 2,000 × 4) runs in the range form, while 200 rows (6,000 > 200 × 4) stay
+/// declined.
+#[tokio::test]
+async fn range_form_counts_its_slots_once() {
+    for partitions in [2, 16] {
+        let ctx = setup(partitions).await;
+        ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 4")
+            .await
+            .unwrap();
+        let sql = "SELECT k, count(*), sum(v) FROM t WHERE v % 10 = 3 GROUP BY k";
+        assert!(compare(&ctx, sql).await, "{sql} at {partitions} partitions");
+        let (_, plan) = run(&ctx, sql).await;
+        assert!(operator_line(&plan).contains("form=ranges"), "{plan}");
+        let sql = "SELECT k, count(*), sum(v) FROM t WHERE v % 100 = 3 GROUP BY k";
+        assert!(!compare(&ctx, sql).await, "{sql} at {partitions} partitions");
+    }
+}

@@ -174,8 +174,12 @@ pub(super) struct SlotGroups {
     /// Argument expressions of each aggregate.
     args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
     accs: Vec<Box<dyn GroupsAccumulator>>,
-    n_slots: usize,
-    /// Group of slot `s`, or `NO_GROUP` (allocated on the first row).
+    /// The window of slots this state accumulates: `slot_lo..slot_lo + window`
+    /// (the whole index, or one slot range of the range form, see [`ranges`](super::ranges)).
+    slot_lo: usize,
+    /// Length of the window.
+    window: usize,
+    /// Group of slot `slot_lo + i` at `i`, or `NO_GROUP` (allocated on the first row).
     group_of_slot: Vec<u32>,
     /// What each group is.
     origin: Vec<Origin>,
@@ -205,6 +209,21 @@ impl SlotGroups {
         index: Arc<IndexHandle>,
         metrics: SlotMetrics,
     ) -> Result<Self> {
+        let n_slots = usize::try_from(index.index().len())
+            .map_err(|_| DataFusionError::Execution("MPHF index too large for this platform".into()))?;
+        Self::try_new_window(agg, key_pos, out_schema, index, 0..n_slots, metrics)
+    }
+
+    /// Like [`SlotGroups::try_new`], for the rows whose slots lie in `window` alone (the caller
+    /// hands [`SlotGroups::accumulate_slots`] only such rows, or rows without a slot).
+    pub(super) fn try_new_window(
+        agg: &AggregateExec,
+        key_pos: usize,
+        out_schema: &Schema,
+        index: Arc<IndexHandle>,
+        window: std::ops::Range<usize>,
+        metrics: SlotMetrics,
+    ) -> Result<Self> {
         let accs = agg
             .aggr_expr()
             .iter()
@@ -212,12 +231,18 @@ impl SlotGroups {
             .collect::<Result<Vec<_>>>()?;
         let n_slots = usize::try_from(index.index().len())
             .map_err(|_| DataFusionError::Execution("MPHF index too large for this platform".into()))?;
+        if window.end > n_slots {
+            return Err(DataFusionError::Internal(format!(
+                "MphfAggregateExec: slot window {window:?} beyond {n_slots} slots"
+            )));
+        }
         Ok(Self {
             grouping: Grouping::try_new(agg, key_pos, out_schema, &index)?,
             index,
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             accs,
-            n_slots,
+            slot_lo: window.start,
+            window: window.len(),
             group_of_slot: Vec::new(),
             origin: Vec::new(),
             deps: ByteRows::default(),
@@ -259,45 +284,62 @@ impl SlotGroups {
         if rows == 0 {
             return Ok(());
         }
+        let key = {
+            let lookup_time = self.metrics.lookup_time.clone();
+            let _timer = lookup_time.timer();
+            let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
+            let mut slots = std::mem::take(&mut self.slots);
+            batch_slots(&self.grouping, &self.index, batch, &key, &mut slots, &self.metrics)?;
+            self.slots = slots;
+            key
+        };
+        let slots = std::mem::take(&mut self.slots);
+        let out = self.accumulate_slots(batch, Some(&key), &slots);
+        self.slots = slots;
+        out
+    }
+
+    /// Accumulates `batch` whose rows have the slots `slots` (`ABSENT`: fallback group), all
+    /// inside this state's window; `key` is the batch's key column, read for fallback rows only
+    /// (`None`: the batch has none).
+    pub(super) fn accumulate_slots(
+        &mut self,
+        batch: &RecordBatch,
+        key: Option<&ArrayRef>,
+        slots: &[u64],
+    ) -> Result<()> {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        if slots.len() != rows {
+            return Err(DataFusionError::Internal(format!(
+                "MPHF lookup returned {} slots for {rows} rows",
+                slots.len()
+            )));
+        }
         self.metrics.input_rows.add(rows);
         if self.group_of_slot.is_empty() {
-            self.group_of_slot = vec![NO_GROUP; self.n_slots];
+            self.group_of_slot = vec![NO_GROUP; self.window];
         }
         {
             let lookup_time = self.metrics.lookup_time.clone();
             let _timer = lookup_time.timer();
-            let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
-            let from_scan = self
-                .grouping
-                .scan_slots
-                .is_some_and(|c| scan_slots_of(batch.column(c), &mut self.slots));
-            if from_scan {
-                self.metrics.scan_slot_rows.add(rows);
-            } else if self.grouping.key_is_slot {
-                slots_of_slot_column(&key, self.n_slots, &mut self.slots)?;
-            } else {
-                self.index
-                    .index()
-                    .lookup_slots(key.as_ref(), &mut self.slots)
-                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
-            }
-            if self.slots.len() != rows {
-                return Err(DataFusionError::Internal(format!(
-                    "MPHF lookup returned {} slots for {rows} rows",
-                    self.slots.len()
-                )));
-            }
             let dep_rows = self.grouping.dep_rows(batch)?;
             let mut full_rows = None;
-            let slots = std::mem::take(&mut self.slots);
             let mut groups = std::mem::take(&mut self.groups);
             groups.clear();
             groups.reserve(rows);
+            let lo = self.slot_lo;
             for (i, &slot) in slots.iter().enumerate() {
                 // Slots are random: start the cache miss of a row some distinct keys ahead.
                 if let Some(&ahead) = slots.get(i + GROUP_PREFETCH) {
                     if ahead != ABSENT {
-                        prefetch(self.group_of_slot.as_ptr().wrapping_add(ahead as usize));
+                        prefetch(
+                            self.group_of_slot
+                                .as_ptr()
+                                .wrapping_add((ahead as usize).wrapping_sub(lo)),
+                        );
                     }
                 }
                 let dep: &[u8] = match &dep_rows {
@@ -306,10 +348,15 @@ impl SlotGroups {
                 };
                 if slot != ABSENT {
                     let s = slot as usize;
-                    let g = self.group_of_slot[s];
+                    let Some(&g) = self.group_of_slot.get(s.wrapping_sub(lo)) else {
+                        return Err(DataFusionError::Internal(format!(
+                            "MphfAggregateExec: slot {s} outside the window {lo}..{}",
+                            lo + self.window
+                        )));
+                    };
                     if g == NO_GROUP {
                         let g = self.new_group(Origin::Slot(s), dep);
-                        self.group_of_slot[s] = g as u32;
+                        self.group_of_slot[s - lo] = g as u32;
                         groups.push(g);
                     } else if dep_rows.is_none() || self.deps.get(g as usize) == dep {
                         groups.push(g as usize);
@@ -320,7 +367,14 @@ impl SlotGroups {
                 } else {
                     let converted = match &full_rows {
                         Some(r) => r,
-                        None => full_rows.insert(self.grouping.full_rows(&key, batch)?),
+                        None => {
+                            let Some(key) = key else {
+                                return Err(DataFusionError::Internal(
+                                    "MphfAggregateExec: a row without a slot in a slotted batch".into(),
+                                ));
+                            };
+                            full_rows.insert(self.grouping.full_rows(key, batch)?)
+                        }
                     };
                     let bytes = converted.row(i).data();
                     let group = match self.fallback.get(bytes) {
@@ -337,7 +391,6 @@ impl SlotGroups {
                     groups.push(group);
                 }
             }
-            self.slots = slots;
             self.groups = groups;
         }
         if self.origin.len() > u32::MAX as usize - 1 {
@@ -367,15 +420,16 @@ impl SlotGroups {
         }
         part.record(&self.metrics);
         if self.group_of_slot.is_empty() {
-            self.group_of_slot = vec![NO_GROUP; self.n_slots];
+            self.group_of_slot = vec![NO_GROUP; self.window];
         }
+        let lo = self.slot_lo;
         let mut groups = std::mem::take(&mut self.groups);
         groups.clear();
         for &s in &part.slots {
-            let g = match self.group_of_slot.get(s) {
+            let g = match self.group_of_slot.get(s.wrapping_sub(lo)) {
                 Some(&NO_GROUP) => {
                     let g = self.new_group(Origin::Slot(s), &[]);
-                    self.group_of_slot[s] = g as u32;
+                    self.group_of_slot[s - lo] = g as u32;
                     g
                 }
                 Some(&g) => g as usize,
@@ -415,7 +469,7 @@ impl SlotGroups {
     /// when they are few against the slots (a selective input), sorting them costs less.
     fn emission_order(&self) -> (UInt32Array, usize, usize) {
         let mut order: Vec<u32> = Vec::with_capacity(self.origin.len());
-        if self.origin.len().saturating_mul(SORT_GROUPS_BELOW) < self.n_slots {
+        if self.origin.len().saturating_mul(SORT_GROUPS_BELOW) < self.window {
             let mut by_slot: Vec<(usize, u32)> = (0..self.origin.len() as u32)
                 .filter_map(|g| match self.origin[g as usize] {
                     Origin::Slot(s) => Some((s, g)),
@@ -527,6 +581,39 @@ impl SlotGroups {
             _reservation: None,
         })
     }
+}
+
+/// The slots of `batch`'s rows (`key` is its evaluated key column) into `out`: handed over by
+/// a slot-map scan, read from a key that holds slots, or looked up in the index (verified;
+/// `ABSENT` for NULL keys and keys not in the index).
+pub(super) fn batch_slots(
+    grouping: &Grouping,
+    index: &IndexHandle,
+    batch: &RecordBatch,
+    key: &ArrayRef,
+    out: &mut Vec<u64>,
+    metrics: &SlotMetrics,
+) -> Result<()> {
+    let rows = batch.num_rows();
+    let from_scan = grouping.scan_slots.is_some_and(|c| scan_slots_of(batch.column(c), out));
+    if from_scan {
+        metrics.scan_slot_rows.add(rows);
+    } else if grouping.key_is_slot {
+        let n_slots = usize::try_from(index.index().len()).unwrap_or(usize::MAX);
+        slots_of_slot_column(key, n_slots, out)?;
+    } else {
+        index
+            .index()
+            .lookup_slots(key.as_ref(), out)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    }
+    if out.len() != rows {
+        return Err(DataFusionError::Internal(format!(
+            "MPHF lookup returned {} slots for {rows} rows",
+            out.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The key column of member groups with slots `slots`: the index's keys, or the slots

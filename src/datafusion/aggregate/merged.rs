@@ -2,17 +2,23 @@
 //! Repartition/Coalesce → Final[Partitioned]`) as one node, with no hash table anywhere.
 //!
 //! # Strategy
-//! 1. **Partials** (once per execution, shared by all output partitions): one task per input
-//!    partition accumulates its rows into slot-indexed accumulators ([`SlotGroups`]) and keeps
-//!    the states of the slots it touched, in slot order ([`PartialSlots`]).
-//! 2. **Slot-range merge**: output partition `p` of `P` owns the slots `[p·n/P, (p+1)·n/P)`.
-//!    It binary-searches that range in every partial, merges the states with `merge_batch`
-//!    (group ids handed out on a slot's first touch, as DataFusion's own hash aggregation
-//!    does: its accumulators' null tracking relies on it) and emits the touched slots of its
-//!    range in slot order, keys read from the index. Partition 0 also merges the fallback
-//!    groups (NULL keys and keys not in the index) by their row-format key.
+//! Output partition `p` of `P` owns a share of the slots and emits exactly their groups. Two
+//! forms ([`MergeForm`], chosen by the rule) get the rows' states there:
+//! - **Partials** (clustered keys, or many rows per slot):
+//!   1. once per execution, shared by all output partitions, one task per input partition
+//!      accumulates its rows into slot-indexed accumulators ([`SlotGroups`]) and keeps the
+//!      states of the slots it touched, in slot order ([`PartialSlots`]);
+//!   2. output partition `p` owns the slots `[p·n/P, (p+1)·n/P)`. It binary-searches that range
+//!      in every partial, merges the states with `merge_batch` (group ids handed out on a
+//!      slot's first touch, as DataFusion's own hash aggregation does: its accumulators' null
+//!      tracking relies on it) and emits the touched slots of its range in slot order, keys
+//!      read from the index. Partition 0 also merges the fallback groups (NULL keys and keys
+//!      not in the index) by their row-format key.
+//! - **Ranges** (unclustered keys with few rows per slot): the rows themselves are scattered
+//!   by slot range once per execution, and each output partition aggregates its ranges in
+//!   cache straight to final values (see [`ranges`](super::ranges)).
 //!
-//! On the GPU placement, step 1 is one partial for all input partitions: their batches are
+//! On the GPU placement (always the partials form), step 1 is one partial for all input partitions: their batches are
 //! collected and aggregated on the device in one pass (`gpu`), plus a CPU partial of the rows
 //! whose key is NULL; step 2 is unchanged.
 //!
@@ -24,7 +30,8 @@
 //! - The output is `UnknownPartitioning(P)`, not hash partitioned: the rule installs this node
 //!   only when DataFusion's sanity check accepts the plan (no parent relies on hash
 //!   partitioning of the key), otherwise it falls back to the per-partition form.
-//! - Memory: every partial's accumulators and states are reserved in the memory pool.
+//! - Memory: every partial's accumulators and states, or the scattered rows and the ranges'
+//!   accumulators, are reserved in the memory pool.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -53,10 +60,41 @@ use futures::{StreamExt, TryStreamExt};
 use super::gpu::{notice_cpu_fallback, GpuAggregation};
 use super::grouping::{ByteRows, Grouping};
 use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, SlotMetrics};
+use super::ranges::{RangeJob, Scattered, SlotRanges};
 use super::Placement;
 use crate::datafusion::registry::IndexHandle;
 
-type PartialsResult = std::result::Result<Arc<Vec<PartialSlots>>, Arc<DataFusionError>>;
+type PreparedResult = std::result::Result<Arc<Prepared>, Arc<DataFusionError>>;
+
+/// How the node turns its input into per-range work (chosen by the rule, shown by `EXPLAIN` as
+/// `form=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MergeForm {
+    /// Per-input-partition partial states, merged by slot range (clustered keys, or many rows
+    /// per slot: the partials are much smaller than their input).
+    #[default]
+    Partials,
+    /// Rows scattered by slot range, each range aggregated in cache (see [`ranges`](super::ranges)):
+    /// unclustered keys with few rows per slot, where every partial would touch most slots.
+    Ranges,
+}
+
+impl MergeForm {
+    fn name(self) -> &'static str {
+        match self {
+            MergeForm::Partials => "partials",
+            MergeForm::Ranges => "ranges",
+        }
+    }
+}
+
+/// What all output partitions share, computed once per execution.
+enum Prepared {
+    /// One partial per input partition (or one GPU partial), for the slot-range merge.
+    Partials(Vec<PartialSlots>),
+    /// The input's rows reordered by slot range.
+    Scattered(Scattered),
+}
 
 /// The two-stage aggregation on slots (see the module docs).
 pub struct MphfMergedAggregateExec {
@@ -71,9 +109,11 @@ pub struct MphfMergedAggregateExec {
     metrics: ExecutionPlanMetricsSet,
     /// CPU or GPU (the partials' placement).
     placement: Placement,
-    /// The partials of the current execution, computed once, and how many output partitions
-    /// took them (the cache is cleared when all did, so a re-execution starts afresh).
-    partials: Mutex<Option<(Shared<BoxFuture<'static, PartialsResult>>, usize)>>,
+    /// Partials or scattered rows (CPU placement only; the GPU's partial is always one).
+    form: MergeForm,
+    /// The shared work of the current execution, computed once, and how many output partitions
+    /// took it (the cache is cleared when all did, so a re-execution starts afresh).
+    prepared: Mutex<Option<(Shared<BoxFuture<'static, PreparedResult>>, usize)>>,
 }
 
 impl fmt::Debug for MphfMergedAggregateExec {
@@ -109,7 +149,8 @@ impl MphfMergedAggregateExec {
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
             placement: Placement::Cpu,
-            partials: Mutex::new(None),
+            form: MergeForm::Partials,
+            prepared: Mutex::new(None),
         }
     }
 
@@ -119,10 +160,37 @@ impl MphfMergedAggregateExec {
         self
     }
 
-    /// The shared future of the partials (started on first use).
-    fn partials(&self, context: &Arc<TaskContext>) -> Shared<BoxFuture<'static, PartialsResult>> {
+    /// The same node in `form` (on the CPU placement; the GPU placement keeps its partial).
+    pub fn with_form(mut self, form: MergeForm) -> Self {
+        self.form = form;
+        self
+    }
+
+    /// The form that runs: `Ranges` only on the CPU.
+    pub fn form(&self) -> MergeForm {
+        match self.placement {
+            Placement::Cpu => self.form,
+            #[cfg(feature = "cuda")]
+            Placement::Gpu(_) => MergeForm::Partials,
+        }
+    }
+
+    /// The scatter and range aggregation of this node.
+    fn range_job(&self) -> RangeJob {
+        let outputs = self.properties.output_partitioning().partition_count();
+        RangeJob {
+            partial: Arc::clone(&self.partial),
+            index: Arc::clone(&self.index),
+            key_pos: self.key_pos,
+            out_schema: ExecutionPlan::schema(self.final_agg.as_ref()),
+            ranges: SlotRanges::new(self.index.index().len() as usize, outputs),
+        }
+    }
+
+    /// The shared future of the partials or scattered rows (started on first use).
+    fn prepared(&self, context: &Arc<TaskContext>) -> Shared<BoxFuture<'static, PreparedResult>> {
         let ranges = self.properties.output_partitioning().partition_count();
-        let mut guard = self.partials.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((f, taken)) = guard.as_mut() {
             let f = f.clone();
             *taken += 1;
@@ -138,7 +206,11 @@ impl MphfMergedAggregateExec {
         let out_schema = ExecutionPlan::schema(self.final_agg.as_ref());
         let key_pos = self.key_pos;
         let placement = self.placement.clone();
+        let range_job = (self.form() == MergeForm::Ranges).then(|| self.range_job());
         let fut = async move {
+            if let Some(job) = range_job {
+                return Ok(Arc::new(Prepared::Scattered(job.scatter(&context, &metrics).await?)));
+            }
             let job = PartialJob {
                 partial,
                 index,
@@ -163,9 +235,9 @@ impl MphfMergedAggregateExec {
                 #[cfg(feature = "cuda")]
                 Placement::Gpu(gpu) => job.gpu_partials(gpu).await?,
             };
-            Ok(Arc::new(out))
+            Ok(Arc::new(Prepared::Partials(out)))
         }
-        .map(|r: Result<Arc<Vec<PartialSlots>>>| r.map_err(Arc::new))
+        .map(|r: Result<Arc<Prepared>>| r.map_err(Arc::new))
         .boxed()
         .shared();
         if ranges > 1 {
@@ -575,17 +647,19 @@ impl DisplayAs for MphfMergedAggregateExec {
             .map(|(e, alias)| format!("{e} as {alias}"))
             .collect();
         let aggr: Vec<&str> = self.final_agg.aggr_expr().iter().map(|a| a.name()).collect();
-        let ranges = self.properties.output_partitioning().partition_count();
+        let partitions = self.properties.output_partitioning().partition_count();
         match t {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "mode=SlotMerge")?;
+                writeln!(f, "form={}", self.form().name())?;
                 writeln!(f, "device={}", self.placement.device_name())?;
                 writeln!(f, "index={}.{}", info.table, info.column)?;
                 write!(f, "gby=[{}]", gby.join(", "))
             }
             _ => write!(
                 f,
-                "MphfAggregateExec: mode=SlotMerge, device={}, ranges={ranges}, index={}.{}, gby=[{}], aggr=[{}]",
+                "MphfAggregateExec: mode=SlotMerge, form={}, device={}, partitions={partitions}, index={}.{}, gby=[{}], aggr=[{}]",
+                self.form().name(),
                 self.placement.device_name(),
                 info.table,
                 info.column,
@@ -637,7 +711,8 @@ impl ExecutionPlan for MphfMergedAggregateExec {
                 self.key_pos,
                 self.properties.output_partitioning().partition_count(),
             )
-            .with_placement(self.placement.clone()),
+            .with_placement(self.placement.clone())
+            .with_form(self.form),
         ))
     }
 
@@ -655,7 +730,7 @@ impl ExecutionPlan for MphfMergedAggregateExec {
         }
         let n = self.index.index().len() as usize;
         let (lo, hi) = (partition * n / ranges, (partition + 1) * n / ranges);
-        let partials = self.partials(&context);
+        let prepared = self.prepared(&context);
         let schema = ExecutionPlan::schema(self.final_agg.as_ref());
         let batch_size = context.session_config().batch_size().max(1);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -667,18 +742,27 @@ impl ExecutionPlan for MphfMergedAggregateExec {
             index: Arc::clone(&self.index),
             key_pos: self.key_pos,
         };
+        let range_job = self.range_job();
+        let metrics = self.metrics.clone();
         let out = futures::stream::once(async move {
-            let partials = partials.await.map_err(DataFusionError::Shared)?;
-            let batch = {
+            let prepared = prepared.await.map_err(DataFusionError::Shared)?;
+            let batches = {
                 let _timer = merge_time.timer();
-                merge_range(&this, &partials, lo, hi, partition == 0, &slots_touched)?
+                match prepared.as_ref() {
+                    Prepared::Partials(partials) => {
+                        vec![merge_range(&this, partials, lo, hi, partition == 0, &slots_touched)?]
+                    }
+                    Prepared::Scattered(scattered) => range_job.aggregate(scattered, partition, &context, &metrics)?,
+                }
             };
-            let slices: Vec<Result<RecordBatch>> = (0..batch.num_rows())
-                .step_by(batch_size)
-                .map(|o| {
-                    let len = batch_size.min(batch.num_rows() - o);
-                    baseline.record_output(len);
-                    Ok(batch.slice(o, len))
+            let slices: Vec<Result<RecordBatch>> = batches
+                .iter()
+                .flat_map(|batch| {
+                    (0..batch.num_rows()).step_by(batch_size).map(|o| {
+                        let len = batch_size.min(batch.num_rows() - o);
+                        baseline.record_output(len);
+                        Ok(batch.slice(o, len))
+                    })
                 })
                 .collect();
             Ok::<_, DataFusionError>(futures::stream::iter(slices))

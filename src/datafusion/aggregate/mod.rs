@@ -55,6 +55,7 @@ mod grouping;
 mod groups;
 mod lineage;
 mod merged;
+mod ranges;
 mod rule;
 mod stream;
 
@@ -73,7 +74,7 @@ use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
 };
 
-pub use merged::MphfMergedAggregateExec;
+pub use merged::{MergeForm, MphfMergedAggregateExec};
 pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, GPU_MIN_ROWS_PER_SLOT, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
@@ -157,6 +158,10 @@ pub struct MphfAggregateExec {
     key_pos: usize,
     /// CPU or GPU.
     placement: Placement,
+    /// The form of the merged node a final aggregate above may make of it (chosen by the rule).
+    merge_form: MergeForm,
+    /// Admitted by the rule only as the partial of a range-form merge (see `rule`).
+    needs_merge: bool,
     /// Execution metrics.
     metrics: ExecutionPlanMetricsSet,
 }
@@ -170,8 +175,32 @@ impl MphfAggregateExec {
             index,
             key_pos,
             placement: Placement::Cpu,
+            merge_form: MergeForm::Partials,
+            needs_merge: false,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// The same node, marked as admitted only for a range-form merge.
+    pub(super) fn needing_merge(mut self, needs_merge: bool) -> Self {
+        self.needs_merge = needs_merge;
+        self
+    }
+
+    /// Admitted only for a range-form merge.
+    pub(super) fn needs_merge(&self) -> bool {
+        self.needs_merge
+    }
+
+    /// The same node, to be merged in `form`.
+    pub(super) fn with_merge_form(mut self, form: MergeForm) -> Self {
+        self.merge_form = form;
+        self
+    }
+
+    /// The form of a merge of this node.
+    pub(super) fn merge_form(&self) -> MergeForm {
+        self.merge_form
     }
 
     /// The same node running on `placement`.
@@ -288,7 +317,10 @@ impl ExecutionPlan for MphfAggregateExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let agg = with_new_input(&self.agg, children, options)?;
         Ok(Arc::new(
-            Self::new(agg, Arc::clone(&self.index), self.key_pos).with_placement(self.placement.clone()),
+            Self::new(agg, Arc::clone(&self.index), self.key_pos)
+                .with_placement(self.placement.clone())
+                .with_merge_form(self.merge_form)
+                .needing_merge(self.needs_merge),
         ))
     }
 

@@ -49,6 +49,12 @@
 //!   table, the index's row slots (`core::column::row_slots`) replace the lookup by a copy:
 //!   GROUP BY o_cname 4.7–6.2× on 2 partitions, 2.8–3.0× on 16.
 //!
+//! - The SlotMerge form over an unclustered key with fewer than [`RANGES_BELOW_ROWS_PER_SLOT`]
+//!   estimated rows per slot and input partition runs in the range form (see
+//!   [`ranges`](super::ranges)), which keeps no per-partition slot arrays: its slot-entries
+//!   limit counts the slots once, not once per input partition. A partial admitted on that
+//!   count alone is put back when no final aggregate merges it.
+//!
 //! - Several group expressions: one of them must be an indexed column on which all the others
 //!   depend (see [`lineage`](super::lineage)); the first such column is the key.
 //!
@@ -88,7 +94,7 @@ use ::datafusion::physical_plan::{
 
 use super::estimate::RowEstimator;
 use super::lineage::depends_on_key;
-use super::{with_new_input, MphfAggregateExec, MphfMergedAggregateExec, Placement};
+use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays};
@@ -233,9 +239,14 @@ fn try_as_mphf_aggregate(
             .0
             .downcast_ref::<Column>()
             .is_some_and(|c| hands_table_arrays(agg.input(), c.index()));
-    let slot_entries_fit = |limit: f64| {
+    // Every input partition keeps slot arrays of the index's size, unless the partials are
+    // to be merged in the range form, which keeps none (the rows are moved instead).
+    let slot_entries_fit = |limit: f64, per_partition: bool| {
         estimates.rows(agg.input()).is_none_or(|rows| {
-            let partitions = agg.input().output_partitioning().partition_count().max(1) as f64;
+            let partitions = match per_partition {
+                true => agg.input().output_partitioning().partition_count().max(1) as f64,
+                false => 1.0,
+            };
             partitions * slots as f64 <= rows * limit
         })
     };
@@ -249,7 +260,7 @@ fn try_as_mphf_aggregate(
         costing,
         estimates,
     ) {
-        if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned) {
+        if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned, true) {
             let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
             return Ok(Some(exec));
         }
@@ -274,10 +285,36 @@ fn try_as_mphf_aggregate(
     } else {
         costing.max_slot_entries_per_row
     };
-    if !slot_entries_fit(limit) {
+    let range_form =
+        merge && *agg.mode() == AggregateMode::Partial && takes_range_form(&handle, agg.input(), estimates);
+    if !slot_entries_fit(limit, !range_form) {
         return Ok(None);
     }
-    Ok(Some(MphfAggregateExec::new(with_slots(agg)?, handle, key_pos)))
+    // Admitted only as the range form: reverted by [`unmerged_reverted`] when no final
+    // aggregate takes it into a merged node.
+    let needs_merge = range_form && !slot_entries_fit(limit, true);
+    let form = if range_form {
+        MergeForm::Ranges
+    } else {
+        MergeForm::Partials
+    };
+    Ok(Some(
+        MphfAggregateExec::new(with_slots(agg)?, handle, key_pos)
+            .with_merge_form(form)
+            .needing_merge(needs_merge),
+    ))
+}
+
+/// `plan` with every per-partition node that was admitted only for the range form, but was
+/// not merged, put back to the aggregate it replaced.
+fn unmerged_reverted(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| match node.downcast_ref::<MphfAggregateExec>() {
+        Some(exec) if exec.needs_merge() => {
+            Ok(Transformed::yes(Arc::clone(exec.aggregate()) as Arc<dyn ExecutionPlan>))
+        }
+        _ => Ok(Transformed::no(node)),
+    })
+    .data()
 }
 
 /// The group expression to group by (its position and index, and whether it holds slots): a
@@ -338,6 +375,30 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
     Ok((plan, merged_any))
 }
 
+/// True when the partials of a key of `handle` over `input` are to be merged in the range form:
+/// the key is not clustered and the estimated input has fewer than
+/// [`RANGES_BELOW_ROWS_PER_SLOT`] rows per slot and input partition (every partial would then
+/// touch most slots at random, and merge work would grow with the partitions).
+fn takes_range_form(handle: &IndexHandle, input: &Arc<dyn ExecutionPlan>, estimates: &RowEstimator) -> bool {
+    let clustered = handle.info().rows_per_run.unwrap_or(0.0) >= CLUSTERED_ROWS_PER_RUN;
+    let inputs = input.output_partitioning().partition_count().max(1) as f64;
+    let slots = handle.index().len() as f64;
+    !clustered
+        && estimates
+            .rows(input)
+            .is_some_and(|rows| rows < RANGES_BELOW_ROWS_PER_SLOT * inputs * slots)
+}
+
+/// Rows per slot and input partition under which an unclustered key is merged in the range
+/// form (see [`merge_form`]).
+pub const RANGES_BELOW_ROWS_PER_SLOT: f64 = 8.0;
+
+/// Rows per run of equal keys (in table order) from which a key counts as clustered for the
+/// choice of [`merge_form`]: the partials of a clustered key touch disjoint slots and stay small.
+/// A constant, not `mphf.aggregate_min_rows_per_run`, so that sessions with costing off still
+/// take the range form where it applies.
+const CLUSTERED_ROWS_PER_RUN: f64 = 2.0;
+
 /// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
 /// was already replaced by the per-partition [`MphfAggregateExec`].
 fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
@@ -375,7 +436,8 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
             partial.key_pos(),
             outputs,
         )
-        .with_placement(partial.placement().clone()),
+        .with_placement(partial.placement().clone())
+        .with_form(partial.merge_form()),
     )
 }
 
@@ -398,6 +460,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             gpu_emulation: cfg.gpu_emulation,
         };
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
+        let merged = unmerged_reverted(merged)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above
         // relies on that (DataFusion's own sanity check of distributions and orderings). The
         // per-partition form keeps every property of the node it replaces: no check needed.
