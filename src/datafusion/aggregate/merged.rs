@@ -18,8 +18,8 @@
 //!   by slot range once per execution, and each output partition aggregates its ranges in
 //!   cache straight to final values (see [`ranges`](super::ranges)).
 //!
-//! On the GPU placement (always the partials form), step 1 is one partial for all input partitions: their batches are
-//! collected and aggregated on the device in one pass (`gpu`), plus a CPU partial of the rows
+//! On the GPU placement (always the partials form), step 1 is one partial for all input
+//! partitions: their batches are collected and aggregated on the device in one pass (`gpu`), plus a CPU partial of the rows
 //! whose key is NULL; step 2 is unchanged.
 //!
 //! This replaces DataFusion's repartition by hash and its final hash aggregation: the slot
@@ -742,7 +742,7 @@ impl ExecutionPlan for MphfMergedAggregateExec {
             index: Arc::clone(&self.index),
             key_pos: self.key_pos,
         };
-        let range_job = self.range_job();
+        let range_job = (self.form() == MergeForm::Ranges).then(|| self.range_job());
         let metrics = self.metrics.clone();
         let out = futures::stream::once(async move {
             let prepared = prepared.await.map_err(DataFusionError::Shared)?;
@@ -752,7 +752,10 @@ impl ExecutionPlan for MphfMergedAggregateExec {
                     Prepared::Partials(partials) => {
                         vec![merge_range(&this, partials, lo, hi, partition == 0, &slots_touched)?]
                     }
-                    Prepared::Scattered(scattered) => range_job.aggregate(scattered, partition, &context, &metrics)?,
+                    Prepared::Scattered(scattered) => match &range_job {
+                        Some(job) => job.aggregate(scattered, partition, &context, &metrics)?,
+                        None => return internal_err!("MphfAggregateExec: scattered rows without the range form"),
+                    },
                 }
             };
             let slices: Vec<Result<RecordBatch>> = batches

@@ -241,7 +241,6 @@ impl RangeJob {
             MemoryConsumer::new(format!("MphfAggregateExec[range {partition}]")).register(context.memory_pool());
         let mut out = Vec::new();
         let slot_metrics = SlotMetrics::new(metrics, partition);
-        let grouping = Grouping::try_new(&self.partial, self.key_pos, &self.out_schema, &self.index)?;
         for r in self.ranges.of_partition(partition) {
             let mut groups = SlotGroups::try_new_window(
                 &self.partial,
@@ -259,7 +258,9 @@ impl RangeJob {
                 groups.accumulate_slots(&chunk.batch.slice(a, b - a), None, &chunk.slots[a..b])?;
                 reservation.try_resize(groups.size())?;
             }
-            if r == 0 {
+            if r == 0 && !scattered.unslotted.is_empty() {
+                // The rows without a slot are grouped by their key (see the module).
+                let grouping = Grouping::try_new(&self.partial, self.key_pos, &self.out_schema, &self.index)?;
                 for batch in &scattered.unslotted {
                     let k = grouping.key_expr.evaluate(batch)?.into_array(batch.num_rows())?;
                     groups.accumulate_slots(batch, Some(&k), &vec![ABSENT; batch.num_rows()])?;
