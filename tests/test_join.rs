@@ -116,17 +116,27 @@ async fn partitioned_join_runs_collected_without_repartitions() {
     let plan = compare(&ctx, "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id").await;
     assert!(plan.contains("MphfJoinExec: mode=CollectLeft"), "{plan}");
     assert!(!plan.contains("RepartitionExec: partitioning=Hash"), "{plan}");
-    // Under a GROUP BY on a build-side column the probe side stays hash partitioned on the key,
-    // so each group is in one partition of the partial aggregate; the build side is collected.
+    // Under a GROUP BY on a build-side column with many values (d.name: 8,001, known from its
+    // index) the probe side stays hash partitioned on the key, so each group is in one
+    // partition of the partial aggregate; the build side is collected.
     let plan = compare(
         &ctx,
-        "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+        "SELECT d.name, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.name",
     )
     .await;
     let join_at = plan.find("MphfJoinExec: mode=CollectLeft").expect("collect form");
     let below = &plan[join_at..];
     assert!(below.contains("RepartitionExec: partitioning=Hash([id@"), "{plan}");
     assert!(below.contains("CoalescePartitionsExec"), "{plan}");
+    // With few groups (d.grp: 7 values, seen in a sample of dim) every partition holds every
+    // group anyway: the probe side is read in its own partitions, not repartitioned.
+    let plan = compare(
+        &ctx,
+        "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+    )
+    .await;
+    assert!(plan.contains("MphfJoinExec: mode=CollectLeft"), "{plan}");
+    assert!(!plan.contains("RepartitionExec: partitioning=Hash([id@"), "{plan}");
     // A parent that needs the join's hash partitioning keeps the one-for-one form.
     let plan = compare(
         &ctx,
@@ -259,4 +269,70 @@ async fn build_side_from_a_join_is_declined() {
     )
     .await;
     assert_eq!(plan.matches("MphfJoinExec").count(), 1, "{plan}");
+}
+
+/// A partial aggregate that groups by build-side columns over an inner MPHF join runs fused
+/// with it (`MphfGroupJoinExec`): each build row's group is found once, and each matching pair
+/// adds to it. Rows equal vanilla's for every shape below, at 1, 2 and 4 partitions and with
+/// partitioned joins on 16; group columns from the probe side, or a join that is not inner,
+/// keep the plain aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_joins_match_vanilla() {
+    for (partitions, partitioned) in [(1, false), (2, false), (4, false), (16, true)] {
+        let ctx = setup(partitions, partitioned).await;
+        for sql in [
+            "SET mphf.join_partitioned_max_partitions = 0",
+            "CREATE TABLE cats AS SELECT value AS id, \
+               CASE WHEN value % 5 = 0 THEN NULL ELSE 'c' || (value % 13) END AS cat, value % 3 AS tier \
+             FROM generate_series(0, 7999)",
+            "CREATE INDEX cats_id ON cats USING mphf (id)",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        for (sql, fused) in [
+            (
+                "SELECT d.grp, count(*), sum(f.v), avg(f.v), min(f.name), max(d.name) \
+                 FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+                true,
+            ),
+            // NULL group values, two group columns, a FILTER clause, an argument from both sides
+            (
+                "SELECT c.cat, c.tier, count(*) FILTER (WHERE f.v % 2 = 0), sum(f.v + c.id), count(c.cat) \
+                 FROM fact f JOIN cats c ON f.id = c.id GROUP BY c.cat, c.tier",
+                true,
+            ),
+            // many groups (one per build row), the join filter and a residual key
+            (
+                "SELECT d.name, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id AND f.v % 7 > d.grp \
+                 GROUP BY d.name",
+                true,
+            ),
+            (
+                "SELECT d.grp, count(*), max(f.fid) FROM fact f JOIN dim d ON f.id = d.id AND f.name = d.name \
+                 GROUP BY d.grp",
+                true,
+            ),
+            // a build side with repeated keys (fact.id): several build rows per probe row
+            (
+                "SELECT f.name, count(*), sum(b.bid) FROM big b JOIN fact f ON b.k = f.id GROUP BY f.name",
+                true,
+            ),
+            // no build-side column to group by, or not an inner join
+            (
+                "SELECT f.v % 10, count(*) FROM fact f JOIN dim d ON f.id = d.id GROUP BY f.v % 10",
+                false,
+            ),
+            (
+                "SELECT d.grp, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.grp",
+                false,
+            ),
+        ] {
+            let plan = compare(&ctx, sql).await;
+            assert_eq!(
+                plan.contains("MphfGroupJoinExec"),
+                fused,
+                "{partitions} partitions, partitioned {partitioned}: {sql}\n{plan}"
+            );
+        }
+    }
 }

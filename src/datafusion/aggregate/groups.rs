@@ -41,7 +41,7 @@ const SORT_GROUPS_BELOW: usize = 16;
 const GROUP_PREFETCH: usize = 16;
 
 /// A `GroupsAccumulator` for `expr`: its own, or the row-accumulator adapter.
-pub(super) fn groups_accumulator(expr: &Arc<AggregateFunctionExpr>) -> Result<Box<dyn GroupsAccumulator>> {
+pub(crate) fn groups_accumulator(expr: &Arc<AggregateFunctionExpr>) -> Result<Box<dyn GroupsAccumulator>> {
     if expr.groups_accumulator_supported() {
         expr.create_groups_accumulator()
     } else {

@@ -20,12 +20,17 @@
 //! - Other equi-keys are a residual equality check on the candidate pairs, then the join
 //!   filter; the join type decides what is emitted ([`probe`]).
 //!
+//! - A partial aggregate that groups by build-side columns over an inner join is fused with it
+//!   ([`group_join`]): the pairs feed the aggregate's accumulators directly.
+//!
 //! # Invariants
 //! - Results equal the replaced `HashJoinExec`'s (tested by `sql-tests/join.slt`, where every
 //!   query also runs with `mphf.enable_join = false`).
 //! - Output batches hold at most `batch_size` rows; build memory is reserved in the pool.
 
 pub mod build;
+mod group_count;
+pub mod group_join;
 pub mod probe;
 pub mod rule;
 mod translate;
@@ -52,7 +57,8 @@ use ::datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-pub use build::{BuildSide, SlotRows};
+pub use build::{BuildSide, SharedBuild, SlotRows};
+pub use group_join::MphfGroupJoinExec;
 use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
@@ -103,6 +109,11 @@ impl MphfJoinExec {
     /// The replaced join.
     pub fn join(&self) -> &Arc<HashJoinExec> {
         &self.join
+    }
+
+    /// Which pair of the join's `on` is the indexed key.
+    pub fn key_pair(&self) -> usize {
+        self.key
     }
 
     /// The index used.
@@ -184,8 +195,64 @@ impl MphfJoinExec {
             .map(|(_, p)| p)
     }
 
+    /// What probe stream `partition` needs besides the build side, which arrives when the
+    /// build future resolves: a function from the build side to the stream's [`Prober`].
+    pub(super) fn prober_for(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+    ) -> impl FnOnce(SharedBuild) -> Prober {
+        let join_type = *self.join.join_type();
+        let (_, columns) = build_join_schema(&self.join.left().schema(), &self.join.right().schema(), &join_type);
+        let metric = || MetricBuilder::new(&self.metrics);
+        let metrics = ProbeMetrics {
+            lookup_time: metric().subset_time("lookup_time", partition),
+            join_time: metric().subset_time("join_time", partition),
+            probe_rows: metric().counter("probe_rows", partition),
+            probe_absent: metric().counter("probe_absent_rows", partition),
+            probe_translated: metric().counter("probe_translated_rows", partition),
+            translations_made: metric().counter("translations_made", partition),
+        };
+        let index = Arc::clone(&self.index);
+        let probe_key = Arc::clone(&self.join.on()[self.key].1);
+        let lookup_key = match &self.translator {
+            Some(t) => t.lookup_key(),
+            None => Arc::clone(&probe_key),
+        };
+        let translation = self
+            .translator
+            .as_ref()
+            .map(|t| (Arc::clone(t), Arc::clone(context.memory_pool())));
+        let residual = self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect();
+        let filter = self.join.filter().cloned();
+        let projection = self.join.projection.clone();
+        let probe_schema = self.join.right().schema();
+        let schema = self.schema();
+        let batch_size = context.session_config().batch_size();
+        move |build| Prober {
+            build,
+            index,
+            probe_key,
+            lookup_key,
+            translation,
+            residual,
+            filter,
+            join_type,
+            columns,
+            projection,
+            probe_schema,
+            schema,
+            batch_size,
+            metrics,
+        }
+    }
+
     /// The build side for output partition `partition`.
-    fn build_for(&self, partition: usize, context: &Arc<TaskContext>) -> Result<BoxFuture<'static, BuildResult>> {
+    pub(super) fn build_for(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+    ) -> Result<BoxFuture<'static, BuildResult>> {
         if *self.join.partition_mode() != PartitionMode::CollectLeft {
             return Ok(self
                 .build_future(partition, 1, context)?
@@ -305,53 +372,7 @@ impl ExecutionPlan for MphfJoinExec {
         }
         let build = self.build_for(partition, &context)?;
         let probe_input = self.join.right().execute(partition, Arc::clone(&context))?;
-        let join_type = *self.join.join_type();
-        let (_, columns) = build_join_schema(&self.join.left().schema(), &self.join.right().schema(), &join_type);
-        let metric = || MetricBuilder::new(&self.metrics);
-        let metrics = ProbeMetrics {
-            lookup_time: metric().subset_time("lookup_time", partition),
-            join_time: metric().subset_time("join_time", partition),
-            probe_rows: metric().counter("probe_rows", partition),
-            probe_absent: metric().counter("probe_absent_rows", partition),
-            probe_translated: metric().counter("probe_translated_rows", partition),
-            translations_made: metric().counter("translations_made", partition),
-        };
-        let schema = self.schema();
-        // Everything but the build side, which arrives when the build future resolves.
-        let prober = {
-            let index = Arc::clone(&self.index);
-            let probe_key = Arc::clone(&self.join.on()[self.key].1);
-            let lookup_key = match &self.translator {
-                Some(t) => t.lookup_key(),
-                None => Arc::clone(&probe_key),
-            };
-            let translation = self
-                .translator
-                .as_ref()
-                .map(|t| (Arc::clone(t), Arc::clone(context.memory_pool())));
-            let residual = self.residual_pairs().map(|(_, r)| Arc::clone(r)).collect();
-            let filter = self.join.filter().cloned();
-            let projection = self.join.projection.clone();
-            let probe_schema = self.join.right().schema();
-            let schema = Arc::clone(&schema);
-            let batch_size = context.session_config().batch_size();
-            move |build| Prober {
-                build,
-                index,
-                probe_key,
-                lookup_key,
-                translation,
-                residual,
-                filter,
-                join_type,
-                columns,
-                projection,
-                probe_schema,
-                schema,
-                batch_size,
-                metrics,
-            }
-        };
+        let prober = self.prober_for(partition, &context);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let out = futures::stream::once(async move {
             let build = build.await.map_err(DataFusionError::Shared)?;
@@ -366,7 +387,7 @@ impl ExecutionPlan for MphfJoinExec {
         })
         .try_flatten()
         .inspect_ok(move |b| baseline.record_output(b.num_rows()));
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), out)))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

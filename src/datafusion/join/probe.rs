@@ -110,6 +110,16 @@ impl Prober {
     /// # Errors
     /// Expression evaluation and Arrow kernel errors.
     pub fn probe(&self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let (b, p) = self.pairs(batch)?;
+        self.emit_pairs(batch, b, p)
+    }
+
+    /// The matching pairs of one probe batch: build rows `b[i]` with probe rows `p[i]`, after
+    /// the residual equalities and the join filter, in probe-row order.
+    ///
+    /// # Errors
+    /// Expression evaluation and Arrow kernel errors.
+    pub fn pairs(&self, batch: &RecordBatch) -> Result<(Vec<u32>, Vec<u32>)> {
         let n = batch.num_rows();
         self.metrics.probe_rows.add(n);
         let keys = self.probe_key.evaluate(batch)?.into_array(n)?;
@@ -191,7 +201,7 @@ impl Prober {
             };
             retain(mask, &mut b, &mut p);
         }
-        self.emit_pairs(batch, b, p)
+        Ok((b, p))
     }
 
     /// Turns the matching pairs of one probe batch into output rows per join type.

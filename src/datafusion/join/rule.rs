@@ -15,10 +15,14 @@
 //!   coalesced instead) and the node runs as `CollectLeft` over the probe side's own
 //!   partitions. The output is no longer hash partitioned on the key, so the rewritten plan is
 //!   kept only when DataFusion's sanity check accepts it.
-//!   Under a partial aggregate that does not group by a clustered probe key, the collect form
-//!   keeps the probe side's hash repartition, so the aggregate still sees each group in one
-//!   partition (see `rewrite_feeding`).
+//!   Under a partial aggregate that does not group by a clustered probe key and is not
+//!   estimated to have few groups (`group_count`), the collect form keeps the probe side's hash
+//!   repartition, so the aggregate still sees each group in one partition (see
+//!   `rewrite_feeding`).
 //! - **One for one**: otherwise the node keeps the join's mode, children and properties.
+//! - **Group join**: after the forms are chosen, a partial aggregate over an inner
+//!   [`MphfJoinExec`] that groups by build-side columns is fused with it into an
+//!   [`MphfGroupJoinExec`] (see `group_join`).
 //! - **Swapped**: when only the probe (right) side's key is indexed, the join is mirrored
 //!   (left ↔ right, join type swapped, a projection restores the column order) and run in the
 //!   collect form; like the collect form, it is kept only when the sanity check accepts it.
@@ -70,10 +74,12 @@ use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
+use super::group_count;
 use super::translate::{translates_probe, with_probe_scan_slots};
-use super::{supports_join_type, MphfJoinExec};
+use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::table::MphfRelabelExec;
@@ -412,7 +418,8 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
 /// build-side column (`GROUP BY c_name` over `orders ⋈ customer`) then sees nearly every group
 /// in every partition (16 cores: 0.45× instead of vanilla's speed). Kept plain when the
 /// aggregate groups by the probe key and that key is clustered in its table (GROUP BY
-/// l_orderkey over lineitem ⋈ orders), whose partitions already hold disjoint key ranges.
+/// l_orderkey over lineitem ⋈ orders), whose partitions already hold disjoint key ranges, and
+/// when the aggregate has few groups (see [`few_groups`]).
 fn rewrite_feeding(
     agg: &AggregateExec,
     plan: &Arc<dyn ExecutionPlan>,
@@ -435,7 +442,7 @@ fn rewrite_feeding(
         return Ok(None);
     };
     if *join.partition_mode() != PartitionMode::Partitioned
-        || (!single && groups_by_clustered_probe_key(agg, join, costing))
+        || (!single && (groups_by_clustered_probe_key(agg, join, costing) || few_groups(agg, join)))
     {
         return Ok(None);
     }
@@ -443,6 +450,45 @@ fn rewrite_feeding(
         Some((_, Some(c))) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
         _ => None,
     })
+}
+
+/// Whether `agg` is estimated to have so few groups (see [`group_count`]) that all its input
+/// partitions together emit at most 1/[`FEW_GROUPS_PER_PROBE_ROW`] as many partial rows as the
+/// join's probe side has rows: then the probe side's hash repartition moves every probe row to
+/// save the final aggregate next to nothing.
+fn few_groups(agg: &AggregateExec, join: &HashJoinExec) -> bool {
+    let Some(groups) = group_count::estimated_groups(agg) else {
+        return false;
+    };
+    let probe = join.right();
+    let partitions = probe.output_partitioning().partition_count().max(1) as f64;
+    let Some(rows) = StatisticsContext::new()
+        .compute(probe.as_ref(), &StatisticsArgs::new())
+        .ok()
+        .and_then(|s| s.num_rows.get_value().map(|&r| r as f64))
+    else {
+        return false;
+    };
+    partitions * groups * FEW_GROUPS_PER_PROBE_ROW <= rows
+}
+
+/// See [`few_groups`].
+const FEW_GROUPS_PER_PROBE_ROW: f64 = 8.0;
+
+/// `plan` with each partial aggregate that reads an [`MphfJoinExec`] and groups by build-side
+/// columns fused with it (see [`MphfGroupJoinExec`]). The fused node keeps the aggregate's
+/// schema, partitioning and the join's input requirements, so the plan stays valid.
+fn fuse_group_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        Ok(match MphfGroupJoinExec::try_fuse(&Arc::new(agg.clone()))? {
+            Some(fused) => Transformed::yes(Arc::new(fused) as Arc<dyn ExecutionPlan>),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
 }
 
 /// `plan` over the single new child `child`, its properties recomputed.
@@ -496,10 +542,11 @@ impl PhysicalOptimizerRule for MphfJoinRule {
             array_map_density: config.execution.perfect_hash_join_min_key_density,
         };
         let collected = rewrite(Arc::clone(&plan), true, &costing)?;
-        if SanityCheckPlan::new().optimize(Arc::clone(&collected), config).is_ok() {
-            return Ok(collected);
-        }
-        rewrite(plan, false, &costing)
+        let joined = match SanityCheckPlan::new().optimize(Arc::clone(&collected), config).is_ok() {
+            true => collected,
+            false => rewrite(plan, false, &costing)?,
+        };
+        fuse_group_joins(joined)
     }
 
     fn name(&self) -> &str {

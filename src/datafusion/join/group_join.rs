@@ -1,0 +1,523 @@
+//! `MphfGroupJoinExec`: a partial aggregate fused with the [`MphfJoinExec`] it reads, when it
+//! groups by build-side columns only (a *group join*).
+//!
+//! Why: `SELECT category, sum(amount) FROM events JOIN dims ON events.id = dims.id GROUP BY
+//! category` joins every event row, copies its dimension row's `category` string into the join
+//! output, and then hashes that string again in the partial aggregate: per probe row one string
+//! copy and one hash probe, for a value that is the same every time the same build row matches.
+//! Here the group of every build row is found once, when the build side is complete (one pass
+//! of DataFusion's `GroupValues` over the build rows, shared by every probe partition), and each
+//! matching pair `(build row b, probe row p)` adds the probe row's arguments to group
+//! `group_of[b]`. No build column is copied per probe row and nothing is hashed per probe row.
+//!
+//! # Eligibility (see [`MphfGroupJoinExec::try_fuse`])
+//! - a `Partial` or `Single` aggregate straight over an inner [`MphfJoinExec`], one grouping set, no
+//!   `LIMIT`, no output ordering, no aggregate with an `ORDER BY` or `DISTINCT`;
+//! - every group expression a column of the join's build side;
+//! - the build side not estimated to have more rows than the probe side (the build rows'
+//!   groups are computed for all of them, whether they match or not).
+//!
+//! The aggregate arguments and `FILTER` clauses may read either side: the columns they read are
+//! gathered for the matching pairs only.
+//!
+//! # Invariants
+//! - The output is the replaced aggregate's: same schema (group columns, then each aggregate's
+//!   state columns, or its final value for a `Single` aggregate over one partition), one row per
+//!   group that at least one pair of this partition reached; a final aggregate above merges
+//!   partitions as before. Join semantics (residual
+//!   keys, the join filter, strays, NULL keys) are the join's own: pairs come from
+//!   [`Prober::pairs`](super::probe::Prober::pairs).
+//! - Group ids are per build side: a re-execution, or a `Partitioned` join's per-partition build
+//!   sides, compute their own.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, Weak};
+
+use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use ::datafusion::arrow::compute::take;
+use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use ::datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use ::datafusion::common::{internal_err, DataFusionError, JoinSide, JoinType, Result};
+use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_plan::aggregates::group_values::new_group_values;
+use ::datafusion::physical_plan::aggregates::order::GroupOrdering;
+use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use ::datafusion::physical_plan::display::DisplayableExecutionPlan;
+use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
+use ::datafusion::physical_plan::joins::utils::{build_join_schema, ColumnIndex as JoinColumn};
+use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use super::build::BuildSide;
+use super::probe::Prober;
+use super::MphfJoinExec;
+use crate::datafusion::aggregate::groups_accumulator;
+
+/// The group of every build row of one build side, and the groups' values.
+pub struct BuildGroups {
+    /// Group id of each build row.
+    group_of: Vec<u32>,
+    /// The group columns' values, one row per group id.
+    values: Vec<ArrayRef>,
+}
+
+impl BuildGroups {
+    /// The groups of the rows of `build` by its columns `columns`.
+    fn compute(build: &BuildSide, columns: &[usize]) -> Result<Self> {
+        let arrays: Vec<ArrayRef> = columns.iter().map(|&c| Arc::clone(build.batch.column(c))).collect();
+        let schema = build.batch.schema();
+        let fields: Vec<Field> = columns.iter().map(|&c| schema.field(c).clone()).collect();
+        let mut interner = new_group_values(Arc::new(Schema::new(fields)), &GroupOrdering::None)?;
+        let mut ids = Vec::new();
+        interner.intern(&arrays, &mut ids)?;
+        if interner.len() > u32::MAX as usize {
+            return internal_err!("MphfGroupJoinExec: more than 2^32 groups");
+        }
+        let group_of = ids.into_iter().map(|g| g as u32).collect();
+        let values = interner.emit(EmitTo::All)?;
+        Ok(Self { group_of, values })
+    }
+
+    fn groups(&self) -> usize {
+        self.values.first().map_or(0, |v| v.len())
+    }
+
+    fn size(&self) -> usize {
+        self.group_of.len() * 4 + self.values.iter().map(|v| v.get_array_memory_size()).sum::<usize>()
+    }
+}
+
+/// A partial aggregate fused with the MPHF join below it (see the module docs).
+pub struct MphfGroupJoinExec {
+    /// The replaced partial aggregate (its input is `join`).
+    agg: Arc<AggregateExec>,
+    /// The join.
+    join: Arc<MphfJoinExec>,
+    /// What every partition reads.
+    fused: Arc<Fused>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+/// The expressions of a group join over the pairs, and its group ids, shared by partitions.
+struct Fused {
+    /// Build-batch columns of the group expressions, in order.
+    group_columns: Vec<usize>,
+    /// Where the columns that the arguments and filters read come from (a compact batch of
+    /// these, in this order, is what they are evaluated on).
+    read: Vec<JoinColumn>,
+    /// Each aggregate's arguments over the compact batch.
+    args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    /// Each aggregate's `FILTER` over the compact batch.
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    /// The compact batch's schema (every field nullable).
+    read_schema: SchemaRef,
+    /// The build side whose groups were computed last, with them.
+    groups: Mutex<Option<(Weak<BuildSide>, Arc<BuildGroups>)>>,
+}
+
+impl fmt::Debug for MphfGroupJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MphfGroupJoinExec")
+            .field("group_columns", &self.fused.group_columns)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `expr` with each column reference `Column(j)` replaced by `Column(position of j in read)`,
+/// adding `j` to `read` when new; `map[j]` is where join output column `j` comes from.
+fn remap(
+    expr: &Arc<dyn PhysicalExpr>,
+    map: &[JoinColumn],
+    read: &mut Vec<(usize, JoinColumn)>,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    Arc::clone(expr)
+        .transform(|e| {
+            let Some(c) = e.downcast_ref::<Column>() else {
+                return Ok(Transformed::no(e));
+            };
+            let j = c.index();
+            let Some(from) = map.get(j) else {
+                return internal_err!("MphfGroupJoinExec: column {j} outside the join output");
+            };
+            let at = match read.iter().position(|(k, _)| *k == j) {
+                Some(at) => at,
+                None => {
+                    read.push((j, from.clone()));
+                    read.len() - 1
+                }
+            };
+            Ok(Transformed::yes(
+                Arc::new(Column::new(c.name(), at)) as Arc<dyn PhysicalExpr>
+            ))
+        })
+        .map(|t| t.data)
+}
+
+/// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
+fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+    let stats = StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    stats.num_rows.get_value().map(|&r| r as f64)
+}
+
+impl MphfGroupJoinExec {
+    /// The fused node for the partial aggregate `agg` when it reads an eligible
+    /// [`MphfJoinExec`] (see the module docs), `None` otherwise.
+    ///
+    /// # Errors
+    /// Expression rewriting errors.
+    pub fn try_fuse(agg: &Arc<AggregateExec>) -> Result<Option<Self>> {
+        let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
+            return Ok(None);
+        };
+        let hash_join = join.join();
+        if !matches!(agg.mode(), AggregateMode::Partial | AggregateMode::Single)
+            || *hash_join.join_type() != JoinType::Inner
+            || !agg.group_expr().is_single()
+            || agg.group_expr().expr().is_empty()
+            || agg.limit_options().is_some()
+            || agg.properties().output_ordering().is_some()
+            || agg
+                .aggr_expr()
+                .iter()
+                .any(|a| a.is_distinct() || !a.order_bys().is_empty())
+        {
+            return Ok(None);
+        }
+        if let (Some(build), Some(probe)) = (estimated_rows(hash_join.left()), estimated_rows(hash_join.right())) {
+            if build > probe {
+                return Ok(None);
+            }
+        }
+        let (_, columns) = build_join_schema(
+            &hash_join.left().schema(),
+            &hash_join.right().schema(),
+            hash_join.join_type(),
+        );
+        let map: Vec<JoinColumn> = match hash_join.projection.as_deref() {
+            Some(p) => p.iter().map(|&k| columns[k].clone()).collect(),
+            None => columns,
+        };
+        let mut group_columns = Vec::new();
+        for (expr, _) in agg.group_expr().expr() {
+            let Some(c) = expr.downcast_ref::<Column>() else {
+                return Ok(None);
+            };
+            match map.get(c.index()) {
+                Some(JoinColumn {
+                    side: JoinSide::Left,
+                    index,
+                }) => group_columns.push(*index),
+                _ => return Ok(None),
+            }
+        }
+        let mut read = Vec::new();
+        let mut args = Vec::new();
+        for a in agg.aggr_expr() {
+            args.push(
+                a.expressions()
+                    .iter()
+                    .map(|e| remap(e, &map, &mut read))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
+        let filters = agg
+            .filter_expr()
+            .iter()
+            .map(|f| f.as_ref().map(|f| remap(f, &map, &mut read)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let input = agg.input_schema();
+        let fields: Vec<Field> = read
+            .iter()
+            .map(|(j, _)| input.field(*j).clone().with_nullable(true))
+            .collect();
+        let join = Arc::new(MphfJoinExec::new(
+            Arc::clone(join.join()),
+            Arc::clone(join.index()),
+            join.key_pair(),
+        ));
+        let fused = Fused {
+            group_columns,
+            read: read.into_iter().map(|(_, c)| c).collect(),
+            args,
+            filters,
+            read_schema: Arc::new(Schema::new(fields)),
+            groups: Mutex::new(None),
+        };
+        Ok(Some(Self {
+            agg: Arc::clone(agg),
+            join,
+            fused: Arc::new(fused),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
+    }
+}
+
+impl Fused {
+    /// The groups of `build`'s rows, computed once per build side (the partitions that ask
+    /// while it is computed wait for it).
+    fn groups_of(&self, build: &Arc<BuildSide>) -> Result<Arc<BuildGroups>> {
+        let mut guard = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((side, groups)) = guard.as_ref() {
+            if side.upgrade().is_some_and(|s| Arc::ptr_eq(&s, build)) {
+                return Ok(Arc::clone(groups));
+            }
+        }
+        let groups = Arc::new(BuildGroups::compute(build, &self.group_columns)?);
+        *guard = Some((Arc::downgrade(build), Arc::clone(&groups)));
+        Ok(groups)
+    }
+}
+
+/// One partition's accumulation.
+struct GroupState {
+    groups: Arc<BuildGroups>,
+    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+    /// Whether a pair of this partition reached the group.
+    touched: Vec<bool>,
+    /// Group id per pair of the current batch.
+    group_ids: Vec<usize>,
+}
+
+impl GroupState {
+    /// Adds the pairs of one probe batch.
+    fn update(&mut self, node: &Fused, prober: &Prober, batch: &RecordBatch) -> Result<()> {
+        let (b, p) = prober.pairs(batch)?;
+        if b.is_empty() {
+            return Ok(());
+        }
+        self.group_ids.clear();
+        for &row in &b {
+            let g = self.groups.group_of[row as usize];
+            self.touched[g as usize] = true;
+            self.group_ids.push(g as usize);
+        }
+        let identity = p.len() == batch.num_rows() && p.iter().enumerate().all(|(i, &r)| r as usize == i);
+        let (b, p) = (UInt32Array::from(b), UInt32Array::from(p));
+        let columns = node
+            .read
+            .iter()
+            .map(|c| match c.side {
+                JoinSide::Left => Ok(take(prober.build.batch.column(c.index).as_ref(), &b, None)?),
+                JoinSide::Right if identity => Ok(Arc::clone(batch.column(c.index))),
+                JoinSide::Right => Ok(take(batch.column(c.index).as_ref(), &p, None)?),
+                JoinSide::None => internal_err!("MphfGroupJoinExec: a column without a side"),
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(b.len()));
+        let pairs = RecordBatch::try_new_with_options(Arc::clone(&node.read_schema), columns, &options)?;
+        let total = self.groups.groups();
+        for ((acc, args), filter) in self.accumulators.iter_mut().zip(&node.args).zip(&node.filters) {
+            let values = args
+                .iter()
+                .map(|e| e.evaluate(&pairs)?.into_array(pairs.num_rows()))
+                .collect::<Result<Vec<_>>>()?;
+            let filter = match filter {
+                Some(f) => {
+                    let mask = f.evaluate(&pairs)?.into_array(pairs.num_rows())?;
+                    match mask.as_any().downcast_ref::<BooleanArray>() {
+                        Some(m) => Some(m.clone()),
+                        None => return internal_err!("MphfGroupJoinExec: a FILTER that is not boolean"),
+                    }
+                }
+                None => None,
+            };
+            acc.update_batch(&values, &self.group_ids, filter.as_ref(), total)?;
+        }
+        Ok(())
+    }
+
+    /// The rows of the touched groups (partial states, or final values when `final_output`),
+    /// in batches of at most `batch_size` rows.
+    fn emit(mut self, schema: &SchemaRef, final_output: bool, batch_size: usize) -> Result<Vec<RecordBatch>> {
+        let order: UInt32Array = (0..self.touched.len() as u32)
+            .filter(|&g| self.touched[g as usize])
+            .collect::<Vec<u32>>()
+            .into();
+        if order.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for values in &self.groups.values {
+            columns.push(take(values.as_ref(), &order, None)?);
+        }
+        for acc in &mut self.accumulators {
+            if final_output {
+                columns.push(take(acc.evaluate(EmitTo::All)?.as_ref(), &order, None)?);
+                continue;
+            }
+            for state in acc.state(EmitTo::All)? {
+                columns.push(take(state.as_ref(), &order, None)?);
+            }
+        }
+        if columns.len() != schema.fields().len() {
+            return internal_err!(
+                "MphfGroupJoinExec: {} output columns for a schema of {}",
+                columns.len(),
+                schema.fields().len()
+            );
+        }
+        let out = RecordBatch::try_new(Arc::clone(schema), columns)?;
+        let (len, step) = (out.num_rows(), batch_size.max(1));
+        Ok((0..len)
+            .step_by(step)
+            .map(|o| out.slice(o, step.min(len - o)))
+            .collect())
+    }
+}
+
+impl DisplayAs for MphfGroupJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let gby: Vec<String> = self
+            .agg
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, name)| format!("{e} as {name}"))
+            .collect();
+        let aggr: Vec<&str> = self.agg.aggr_expr().iter().map(|a| a.name()).collect();
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "gby={}", gby.join(", ")),
+            _ => {
+                let join = DisplayableExecutionPlan::new(self.join.as_ref()).one_line().to_string();
+                write!(
+                    f,
+                    "MphfGroupJoinExec: mode={:?}, gby=[{}], aggr=[{}], join=[{}]",
+                    self.agg.mode(),
+                    gby.join(", "),
+                    aggr.join(", "),
+                    join.trim_end()
+                )
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for MphfGroupJoinExec {
+    fn name(&self) -> &str {
+        "MphfGroupJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.join.input_distribution_requirements()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        self.join.benefits_from_input_partitioning()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.join.children()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.join.apply_expressions(f)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let join = Arc::clone(&self.join).replace_children(children, options)?;
+        let agg = Arc::clone(&self.agg).replace_children(vec![join], options)?;
+        let Some(agg) = agg.downcast_ref::<AggregateExec>() else {
+            return internal_err!("MphfGroupJoinExec: the aggregate changed type");
+        };
+        match Self::try_fuse(&Arc::new(agg.clone()))? {
+            Some(fused) => Ok(Arc::new(fused)),
+            None => internal_err!("MphfGroupJoinExec: new children that the group join cannot read"),
+        }
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let build = self.join.build_for(partition, &context)?;
+        let probe_input = self.join.join().right().execute(partition, Arc::clone(&context))?;
+        let make_prober = self.join.prober_for(partition, &context);
+        let accumulators = self
+            .agg
+            .aggr_expr()
+            .iter()
+            .map(groups_accumulator)
+            .collect::<Result<Vec<_>>>()?;
+        let node = Arc::clone(&self.fused);
+        let schema = self.schema();
+        let batch_size = context.session_config().batch_size();
+        let final_output = *self.agg.mode() == AggregateMode::Single;
+        let reservation =
+            MemoryConsumer::new(format!("MphfGroupJoinExec[{partition}]")).register(context.memory_pool());
+        let groups_time = MetricBuilder::new(&self.metrics).subset_time("build_groups_time", partition);
+        let aggregation_time = MetricBuilder::new(&self.metrics).subset_time("aggregation_time", partition);
+        let emitting_time = MetricBuilder::new(&self.metrics).subset_time("emitting_time", partition);
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let out_schema = Arc::clone(&schema);
+        let out = futures::stream::once(async move {
+            let build = build.await.map_err(DataFusionError::Shared)?;
+            let groups = {
+                let _t = groups_time.timer();
+                node.groups_of(&build)?
+            };
+            let prober = make_prober(build);
+            let mut state = GroupState {
+                touched: vec![false; groups.groups()],
+                groups,
+                accumulators,
+                group_ids: Vec::new(),
+            };
+            let mut probe_input = probe_input;
+            while let Some(batch) = probe_input.next().await {
+                let batch = batch?;
+                let _t = aggregation_time.timer();
+                state.update(&node, &prober, &batch)?;
+                let held = state.groups.size() + state.accumulators.iter().map(|a| a.size()).sum::<usize>();
+                reservation.try_resize(held)?;
+            }
+            prober.finish()?;
+            let _t = emitting_time.timer();
+            let batches = state.emit(&out_schema, final_output, batch_size)?;
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        })
+        .try_flatten()
+        .inspect(move |b| {
+            if let Ok(b) = b {
+                baseline.record_output(b.num_rows());
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        let mut all = self.metrics.clone_inner();
+        if let Some(join) = self.join.metrics() {
+            for m in join.iter() {
+                all.push(Arc::clone(m));
+            }
+        }
+        Some(all)
+    }
+}
