@@ -38,7 +38,7 @@ use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use ::datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use ::datafusion::common::{internal_err, DataFusionError, JoinSide, JoinType, Result};
-use ::datafusion::execution::memory_pool::MemoryConsumer;
+use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use ::datafusion::physical_expr::expressions::Column;
@@ -68,11 +68,16 @@ pub struct BuildGroups {
     group_of: Vec<u32>,
     /// The group columns' values, one row per group id.
     values: Vec<ArrayRef>,
+    /// The pool's share of the two (the groups of one build side serve every partition).
+    _reservation: MemoryReservation,
 }
 
 impl BuildGroups {
-    /// The groups of the rows of `build` by its columns `columns`.
-    fn compute(build: &BuildSide, columns: &[usize]) -> Result<Self> {
+    /// The groups of the rows of `build` by its columns `columns`, their memory reserved in
+    /// `pool`.
+    fn compute(build: &BuildSide, columns: &[usize], pool: &Arc<dyn MemoryPool>) -> Result<Self> {
+        let reservation = MemoryConsumer::new("MphfGroupJoinExec[build groups]").register(pool);
+        reservation.try_grow(build.batch.num_rows() * 4)?;
         let arrays: Vec<ArrayRef> = columns.iter().map(|&c| Arc::clone(build.batch.column(c))).collect();
         let schema = build.batch.schema();
         let fields: Vec<Field> = columns.iter().map(|&c| schema.field(c).clone()).collect();
@@ -84,15 +89,16 @@ impl BuildGroups {
         }
         let group_of = ids.into_iter().map(|g| g as u32).collect();
         let values = interner.emit(EmitTo::All)?;
-        Ok(Self { group_of, values })
+        reservation.try_grow(values.iter().map(|v| v.get_array_memory_size()).sum())?;
+        Ok(Self {
+            group_of,
+            values,
+            _reservation: reservation,
+        })
     }
 
     fn groups(&self) -> usize {
         self.values.first().map_or(0, |v| v.len())
-    }
-
-    fn size(&self) -> usize {
-        self.group_of.len() * 4 + self.values.iter().map(|v| v.get_array_memory_size()).sum::<usize>()
     }
 }
 
@@ -266,14 +272,14 @@ impl MphfGroupJoinExec {
 impl Fused {
     /// The groups of `build`'s rows, computed once per build side (the partitions that ask
     /// while it is computed wait for it).
-    fn groups_of(&self, build: &Arc<BuildSide>) -> Result<Arc<BuildGroups>> {
+    fn groups_of(&self, build: &Arc<BuildSide>, pool: &Arc<dyn MemoryPool>) -> Result<Arc<BuildGroups>> {
         let mut guard = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((side, groups)) = guard.as_ref() {
             if side.upgrade().is_some_and(|s| Arc::ptr_eq(&s, build)) {
                 return Ok(Arc::clone(groups));
             }
         }
-        let groups = Arc::new(BuildGroups::compute(build, &self.group_columns)?);
+        let groups = Arc::new(BuildGroups::compute(build, &self.group_columns, pool)?);
         *guard = Some((Arc::downgrade(build), Arc::clone(&groups)));
         Ok(groups)
     }
@@ -283,11 +289,18 @@ impl Fused {
 struct GroupState {
     groups: Arc<BuildGroups>,
     accumulators: Vec<Box<dyn GroupsAccumulator>>,
-    /// Whether a pair of this partition reached the group.
-    touched: Vec<bool>,
-    /// Group id per pair of the current batch.
+    /// This partition's id of each build group ([`NOT_REACHED`] until a pair reaches it): the
+    /// accumulators hold only the groups this partition reached, so a partition of a hash
+    /// partitioned probe side keeps and emits its share of the groups, not all of them.
+    local_of: Vec<u32>,
+    /// The build group of each of this partition's ids, in the order they were reached.
+    reached: Vec<u32>,
+    /// This partition's group id per pair of the current batch.
     group_ids: Vec<usize>,
 }
+
+/// [`GroupState::local_of`] of a build group that no pair of the partition reached yet.
+const NOT_REACHED: u32 = u32::MAX;
 
 impl GroupState {
     /// Adds the pairs of one probe batch.
@@ -298,9 +311,14 @@ impl GroupState {
         }
         self.group_ids.clear();
         for &row in &b {
-            let g = self.groups.group_of[row as usize];
-            self.touched[g as usize] = true;
-            self.group_ids.push(g as usize);
+            let g = self.groups.group_of[row as usize] as usize;
+            let mut local = self.local_of[g];
+            if local == NOT_REACHED {
+                local = self.reached.len() as u32;
+                self.local_of[g] = local;
+                self.reached.push(g as u32);
+            }
+            self.group_ids.push(local as usize);
         }
         let identity = p.len() == batch.num_rows() && p.iter().enumerate().all(|(i, &r)| r as usize == i);
         let (b, p) = (UInt32Array::from(b), UInt32Array::from(p));
@@ -316,7 +334,7 @@ impl GroupState {
             .collect::<Result<Vec<ArrayRef>>>()?;
         let options = RecordBatchOptions::new().with_row_count(Some(b.len()));
         let pairs = RecordBatch::try_new_with_options(Arc::clone(&node.read_schema), columns, &options)?;
-        let total = self.groups.groups();
+        let total = self.reached.len();
         for ((acc, args), filter) in self.accumulators.iter_mut().zip(&node.args).zip(&node.filters) {
             let values = args
                 .iter()
@@ -337,28 +355,23 @@ impl GroupState {
         Ok(())
     }
 
-    /// The rows of the touched groups (partial states, or final values when `final_output`),
-    /// in batches of at most `batch_size` rows.
+    /// The rows of the reached groups in the order they were reached (partial states, or final
+    /// values when `final_output`), in batches of at most `batch_size` rows.
     fn emit(mut self, schema: &SchemaRef, final_output: bool, batch_size: usize) -> Result<Vec<RecordBatch>> {
-        let order: UInt32Array = (0..self.touched.len() as u32)
-            .filter(|&g| self.touched[g as usize])
-            .collect::<Vec<u32>>()
-            .into();
-        if order.is_empty() {
+        if self.reached.is_empty() {
             return Ok(Vec::new());
         }
+        let order = UInt32Array::from(std::mem::take(&mut self.reached));
         let mut columns = Vec::with_capacity(schema.fields().len());
         for values in &self.groups.values {
             columns.push(take(values.as_ref(), &order, None)?);
         }
         for acc in &mut self.accumulators {
             if final_output {
-                columns.push(take(acc.evaluate(EmitTo::All)?.as_ref(), &order, None)?);
+                columns.push(acc.evaluate(EmitTo::All)?);
                 continue;
             }
-            for state in acc.state(EmitTo::All)? {
-                columns.push(take(state.as_ref(), &order, None)?);
-            }
+            columns.extend(acc.state(EmitTo::All)?);
         }
         if columns.len() != schema.fields().len() {
             return internal_err!(
@@ -469,6 +482,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
         let schema = self.schema();
         let batch_size = context.session_config().batch_size();
         let final_output = *self.agg.mode() == AggregateMode::Single;
+        let pool = Arc::clone(context.memory_pool());
         let reservation =
             MemoryConsumer::new(format!("MphfGroupJoinExec[{partition}]")).register(context.memory_pool());
         let groups_time = MetricBuilder::new(&self.metrics).subset_time("build_groups_time", partition);
@@ -480,11 +494,12 @@ impl ExecutionPlan for MphfGroupJoinExec {
             let build = build.await.map_err(DataFusionError::Shared)?;
             let groups = {
                 let _t = groups_time.timer();
-                node.groups_of(&build)?
+                node.groups_of(&build, &pool)?
             };
             let prober = make_prober(build);
             let mut state = GroupState {
-                touched: vec![false; groups.groups()],
+                local_of: vec![NOT_REACHED; groups.groups()],
+                reached: Vec::new(),
                 groups,
                 accumulators,
                 group_ids: Vec::new(),
@@ -494,7 +509,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
                 let batch = batch?;
                 let _t = aggregation_time.timer();
                 state.update(&node, &prober, &batch)?;
-                let held = state.groups.size() + state.accumulators.iter().map(|a| a.size()).sum::<usize>();
+                let held = state.local_of.len() * 4 + state.accumulators.iter().map(|a| a.size()).sum::<usize>();
                 reservation.try_resize(held)?;
             }
             prober.finish()?;
