@@ -274,8 +274,8 @@ async fn build_side_from_a_join_is_declined() {
 /// A partial aggregate that groups by build-side columns over an inner MPHF join runs fused
 /// with it (`MphfGroupJoinExec`): each build row's group is found once, and each matching pair
 /// adds to it. Rows equal vanilla's for every shape below, at 1, 2 and 4 partitions and with
-/// partitioned joins on 16; group columns from the probe side, or a join that is not inner,
-/// keep the plain aggregate.
+/// partitioned joins on 16; group columns from the probe side, a join that is not inner, or a
+/// build side with more rows than a probe partition keep the plain aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_joins_match_vanilla() {
     for (partitions, partitioned) in [(1, false), (2, false), (4, false), (16, true)] {
@@ -286,47 +286,58 @@ async fn group_joins_match_vanilla() {
                CASE WHEN value % 5 = 0 THEN NULL ELSE 'c' || (value % 13) END AS cat, value % 3 AS tier \
              FROM generate_series(0, 7999)",
             "CREATE INDEX cats_id ON cats USING mphf (id)",
+            "CREATE TABLE ev AS SELECT value AS eid, \
+               CASE WHEN value % 97 = 0 THEN NULL ELSE value % 9000 END AS id, value * 3 AS v, \
+               'name' || (value % 9500) AS name FROM generate_series(1, 200000)",
         ] {
             ctx.sql(sql).await.unwrap().collect().await.unwrap();
         }
-        for (sql, fused) in [
+        // (query, whether it runs fused)
+        let queries = [
             (
-                "SELECT d.grp, count(*), sum(f.v), avg(f.v), min(f.name), max(d.name) \
-                 FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+                "SELECT d.grp, count(*), sum(e.v), avg(e.v), min(e.name), max(d.name) \
+                 FROM ev e JOIN dim d ON e.id = d.id GROUP BY d.grp",
                 true,
             ),
             // NULL group values, two group columns, a FILTER clause, an argument from both sides
             (
-                "SELECT c.cat, c.tier, count(*) FILTER (WHERE f.v % 2 = 0), sum(f.v + c.id), count(c.cat) \
-                 FROM fact f JOIN cats c ON f.id = c.id GROUP BY c.cat, c.tier",
+                "SELECT c.cat, c.tier, count(*) FILTER (WHERE e.v % 2 = 0), sum(e.v + c.id), count(c.cat) \
+                 FROM ev e JOIN cats c ON e.id = c.id GROUP BY c.cat, c.tier",
                 true,
             ),
             // many groups (one per build row), the join filter and a residual key
             (
-                "SELECT d.name, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id AND f.v % 7 > d.grp \
+                "SELECT d.name, count(*), sum(e.v) FROM ev e JOIN dim d ON e.id = d.id AND e.v % 7 > d.grp \
                  GROUP BY d.name",
                 true,
             ),
             (
-                "SELECT d.grp, count(*), max(f.fid) FROM fact f JOIN dim d ON f.id = d.id AND f.name = d.name \
+                "SELECT d.grp, count(*), max(e.eid) FROM ev e JOIN dim d ON e.id = d.id AND e.name = d.name \
                  GROUP BY d.grp",
                 true,
             ),
-            // a build side with repeated keys (fact.id): several build rows per probe row
+            // a build side with repeated keys (fact.id, 30,000 rows): several build rows per probe
+            // row; above 4 partitions its rows outnumber a probe partition's
             (
-                "SELECT f.name, count(*), sum(b.bid) FROM big b JOIN fact f ON b.k = f.id GROUP BY f.name",
-                true,
+                "SELECT f.name, count(*), sum(e.v) FROM ev e JOIN fact f ON e.id = f.id GROUP BY f.name",
+                partitions <= 4,
+            ),
+            // 8,001 build rows for 30,000 probe rows: fused only while a probe partition has more
+            (
+                "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
+                partitions <= 2,
             ),
             // no build-side column to group by, or not an inner join
             (
-                "SELECT f.v % 10, count(*) FROM fact f JOIN dim d ON f.id = d.id GROUP BY f.v % 10",
+                "SELECT e.v % 10, count(*) FROM ev e JOIN dim d ON e.id = d.id GROUP BY e.v % 10",
                 false,
             ),
             (
-                "SELECT d.grp, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.grp",
+                "SELECT d.grp, count(e.eid) FROM dim d LEFT JOIN ev e ON d.id = e.id GROUP BY d.grp",
                 false,
             ),
-        ] {
+        ];
+        for (sql, fused) in queries {
             let plan = compare(&ctx, sql).await;
             assert_eq!(
                 plan.contains("MphfGroupJoinExec"),

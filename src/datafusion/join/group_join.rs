@@ -14,8 +14,10 @@
 //! - a `Partial` or `Single` aggregate straight over an inner [`MphfJoinExec`], one grouping set, no
 //!   `LIMIT`, no output ordering, no aggregate with an `ORDER BY` or `DISTINCT`;
 //! - every group expression a column of the join's build side;
-//! - the build side not estimated to have more rows than the probe side (the build rows'
-//!   groups are computed for all of them, whether they match or not).
+//! - the build side not estimated to have more rows than each probe partition: the groups of
+//!   all build rows are found on one thread, whether they match or not, while the probe
+//!   partitions wait (`GROUP BY c_name` over `orders ⋈ customer` at SF 1 on 16 cores, 150 K
+//!   build rows for 94 K probe rows per partition, ran at half vanilla's speed fused).
 //!
 //! The aggregate arguments and `FILTER` clauses may read either side: the columns they read are
 //! gathered for the matching pairs only.
@@ -53,7 +55,8 @@ use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetrics
 use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements,
+    PlanProperties, ReplaceChildrenOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -200,8 +203,11 @@ impl MphfGroupJoinExec {
         {
             return Ok(None);
         }
+        // The build rows' groups are found on one thread while the probe partitions wait: that
+        // pass pays when it is no longer than one partition's share of the probe rows.
+        let partitions = hash_join.right().output_partitioning().partition_count().max(1) as f64;
         if let (Some(build), Some(probe)) = (estimated_rows(hash_join.left()), estimated_rows(hash_join.right())) {
-            if build > probe {
+            if build * partitions > probe {
                 return Ok(None);
             }
         }
@@ -211,7 +217,10 @@ impl MphfGroupJoinExec {
             hash_join.join_type(),
         );
         let map: Vec<JoinColumn> = match hash_join.projection.as_deref() {
-            Some(p) => p.iter().map(|&k| columns[k].clone()).collect(),
+            Some(p) => match p.iter().map(|&k| columns.get(k).cloned()).collect::<Option<_>>() {
+                Some(map) => map,
+                None => return Ok(None),
+            },
             None => columns,
         };
         let mut group_columns = Vec::new();
