@@ -463,14 +463,16 @@ impl ExecutionPlan for MphfGroupJoinExec {
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let join = Arc::clone(&self.join).replace_children(children, options)?;
-        let agg = Arc::clone(&self.agg).replace_children(vec![join], options)?;
-        let Some(agg) = agg.downcast_ref::<AggregateExec>() else {
+        let plan = Arc::clone(&self.agg).replace_children(vec![join], options)?;
+        let Some(agg) = plan.downcast_ref::<AggregateExec>() else {
             return internal_err!("MphfGroupJoinExec: the aggregate changed type");
         };
-        match Self::try_fuse(&Arc::new(agg.clone()))? {
-            Some(fused) => Ok(Arc::new(fused)),
-            None => internal_err!("MphfGroupJoinExec: new children that the group join cannot read"),
-        }
+        // New children the group join does not take (other estimates) keep the plain aggregate
+        // over the join: the same rows.
+        Ok(match Self::try_fuse(&Arc::new(agg.clone()))? {
+            Some(fused) => Arc::new(fused),
+            None => plan,
+        })
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
