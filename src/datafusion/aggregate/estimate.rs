@@ -188,6 +188,18 @@ fn sampled_selectivity(filter: &FilterExec) -> Option<f64> {
         input = input.children().into_iter().next()?;
     }
     let memory = memory_scan(input)?;
+    let (mut sampled, mut kept) = (0usize, 0usize);
+    for piece in memory_slices(memory, SAMPLE_SLICES, SLICE_ROWS) {
+        kept += rows_kept(filter, memory, &piece)?;
+        sampled += piece.num_rows();
+    }
+    (sampled > 0).then(|| (kept as f64).max(0.5) / sampled as f64)
+}
+
+/// Up to `slices` runs of at most `rows` rows of an in-memory table (its batches as stored,
+/// before the scan's projection), starting at evenly spaced rows; a run that spans batches is
+/// returned as one piece per batch.
+pub(crate) fn memory_slices(memory: &MemorySourceConfig, slices: usize, rows: usize) -> Vec<RecordBatch> {
     let batches: Vec<&RecordBatch> = memory
         .partitions()
         .iter()
@@ -195,31 +207,26 @@ fn sampled_selectivity(filter: &FilterExec) -> Option<f64> {
         .filter(|b| b.num_rows() > 0)
         .collect();
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-    if total == 0 {
-        return None;
-    }
-    let (mut sampled, mut kept) = (0usize, 0usize);
+    let slices = slices.min(total);
+    let mut pieces = Vec::new();
     let (mut batch, mut batch_start) = (0usize, 0usize);
-    let slices = SAMPLE_SLICES.min(total);
     for slice in 0..slices {
         // Rows [start, end) of the table, read from as many batches as they span.
         let start = slice * total / slices;
-        let end = ((slice + 1) * total / slices).min(start + SLICE_ROWS);
+        let end = ((slice + 1) * total / slices).min(start + rows);
         let mut at = start;
         while at < end {
             while batch_start + batches[batch].num_rows() <= at {
                 batch_start += batches[batch].num_rows();
                 batch += 1;
             }
-            let rows = batches[batch];
             let offset = at - batch_start;
-            let len = (end - at).min(rows.num_rows() - offset);
-            kept += rows_kept(filter, memory, &rows.slice(offset, len))?;
-            sampled += len;
+            let len = (end - at).min(batches[batch].num_rows() - offset);
+            pieces.push(batches[batch].slice(offset, len));
             at += len;
         }
     }
-    (sampled > 0).then(|| (kept as f64).max(0.5) / sampled as f64)
+    pieces
 }
 
 /// The rows of `piece` (a slice of one of `memory`'s batches) that `filter` keeps.

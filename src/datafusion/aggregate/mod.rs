@@ -74,6 +74,7 @@ use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
 };
 
+pub(crate) use estimate::memory_slices;
 pub(crate) use groups::groups_accumulator;
 pub use merged::{MergeForm, MphfMergedAggregateExec};
 pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, GPU_MIN_ROWS_PER_SLOT, MIN_SLOTS};

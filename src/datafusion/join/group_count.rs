@@ -34,12 +34,14 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::filter::FilterExec;
 use ::datafusion::physical_plan::joins::HashJoinExec;
 use ::datafusion::physical_plan::projection::ProjectionExec;
+use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 
 use super::rule::passes_rows;
 use super::MphfJoinExec;
+use crate::datafusion::aggregate::memory_slices;
 use crate::datafusion::registry::index_of_field;
 use crate::datafusion::table::MphfRelabelExec;
 
@@ -134,27 +136,16 @@ fn memory_sample(memory: &MemorySourceConfig, col: usize) -> Option<Vec<ArrayRef
         Some(p) => *p.get(col)?,
         None => col,
     };
-    let batches: Vec<_> = memory
-        .partitions()
-        .iter()
-        .flatten()
-        .filter(|b| b.num_rows() > 0)
-        .collect();
-    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let mut pieces = Vec::new();
-    let (mut batch, mut batch_start) = (0usize, 0usize);
-    for piece in 0..SAMPLE_PIECES.min(total) {
-        let at = piece * total / SAMPLE_PIECES.min(total);
-        while batch_start + batches[batch].num_rows() <= at {
-            batch_start += batches[batch].num_rows();
-            batch += 1;
-        }
-        let rows = batches[batch];
-        let offset = at - batch_start;
-        let len = PIECE_ROWS.min(rows.num_rows() - offset);
-        pieces.push(rows.column(col).slice(offset, len));
-    }
-    Some(pieces)
+    let pieces = memory_slices(memory, SAMPLE_PIECES, PIECE_ROWS);
+    pieces.iter().map(|b| b.columns().get(col).cloned()).collect()
+}
+
+/// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
+pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+    let stats = StatisticsContext::new()
+        .compute(plan.as_ref(), &StatisticsArgs::new())
+        .ok()?;
+    stats.num_rows.get_value().map(|&r| r as f64)
 }
 
 /// Pieces of column `name` read from row groups spread over a local Parquet table's files.

@@ -52,7 +52,6 @@ use ::datafusion::physical_plan::display::DisplayableExecutionPlan;
 use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
 use ::datafusion::physical_plan::joins::utils::{build_join_schema, ColumnIndex as JoinColumn};
 use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
-use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements,
@@ -61,6 +60,7 @@ use ::datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::build::BuildSide;
+use super::group_count::estimated_rows;
 use super::probe::Prober;
 use super::MphfJoinExec;
 use crate::datafusion::aggregate::groups_accumulator;
@@ -169,14 +169,6 @@ fn remap(
             ))
         })
         .map(|t| t.data)
-}
-
-/// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
-fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-    let stats = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
-    stats.num_rows.get_value().map(|&r| r as f64)
 }
 
 impl MphfGroupJoinExec {

@@ -74,7 +74,6 @@ use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
 use super::group_count;
@@ -462,11 +461,7 @@ fn few_groups(agg: &AggregateExec, join: &HashJoinExec) -> bool {
     };
     let probe = join.right();
     let partitions = probe.output_partitioning().partition_count().max(1) as f64;
-    let Some(rows) = StatisticsContext::new()
-        .compute(probe.as_ref(), &StatisticsArgs::new())
-        .ok()
-        .and_then(|s| s.num_rows.get_value().map(|&r| r as f64))
-    else {
+    let Some(rows) = group_count::estimated_rows(probe) else {
         return false;
     };
     partitions * groups * FEW_GROUPS_PER_PROBE_ROW <= rows
