@@ -3,6 +3,9 @@
 //! RecSplit minimal perfect hash functions (MPHFs) over Arrow key columns, built on all CPU
 //! cores (rayon) or on an NVIDIA GPU (cudarc), and DataFusion operators that use the dense
 //! slots instead of probed hash tables. See the README.
+//!
+//! Citations of the form `spec §N` or `spec §N.M` in the code refer to the numbered sections of
+//! `docs/recsplit.md`, the description of the RecSplit algorithm as this crate implements it.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -52,7 +52,7 @@
 //!   Splitting*, ALENEX 2020, [arXiv 1910.06416](https://arxiv.org/abs/1910.06416) (the double EF).
 //! - D. Bez, F. Kurpicz, H.-P. Kuhn, P. Sanders, *High Performance Construction of RecSplit Based
 //!   Minimal Perfect Hash Functions*, ESA 2023, [arXiv 2212.09562](https://arxiv.org/abs/2212.09562).
-//! - `recsplit-spec.md` §8 (transformations, layout, worked example) and §9 (use in the query).
+//! - `docs/recsplit.md` §8 (transformations, layout, worked example) and §9 (use in the query).
 
 use super::bits::{low_mask, prefetch, select_in_word};
 use super::words::{WordReader, WordWriter, Words};

@@ -1,7 +1,7 @@
 //! The RecSplit MPHF core: build on all cores with rayon, query one key or a batch.
 //!
 //! No DataFusion and no CUDA types live here (layers import downward: core ← gpu ← datafusion
-//! ← cli). Everything follows `recsplit-spec.md` (cited as "spec §N"):
+//! ← cli). Everything follows `docs/recsplit.md` (cited as "spec §N"):
 //!
 //! - keys → 128-bit hashes `(hi, lo)` ([`hash`], spec §2);
 //! - `hi` → one of `B = ⌈n/b⌉` buckets; each bucket gets a splitting tree ([`tree`], spec §3)
