@@ -51,7 +51,7 @@ fi
 
 if [ "$PART" = gpu ]; then
   # Issue 7: the GROUP BY operator on the GPU vs our CPU operator vs vanilla DataFusion (16
-  # cores), SF 0.1 to 1 (the crossover of mphf.aggregate_gpu_min_rows). Every bench compares
+  # cores), SF 0.1 to 1 (the crossover of Tuning::aggregate_gpu_min_rows). Every bench compares
   # its rows with vanilla's.
   T=/tmp/gpuparts; mkdir -p $T
   for sf in 0.1 0.3 1; do
@@ -82,7 +82,7 @@ fi
 if [ "$PART" = forms ]; then
   # The join's collect form vs its partitioned (one build per partition) form on 16 partitions.
   for form in collect partitioned; do
-    set_arg=""; [ "$form" = partitioned ] && set_arg="--set mphf.join_collect_max_partitions=8"
+    set_arg=""; [ "$form" = partitioned ] && set_arg="--tune join_collect_max_partitions=8"
     log "bench join SF 1, 16 partitions, $form form"
     timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown $set_arg > "$OUT/join_sf1_p16_$form.md" 2>&1
     log "bench join SF 1 lineitem ⋈ orders EXPLAIN ANALYZE, $form form"

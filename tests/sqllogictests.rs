@@ -5,6 +5,7 @@
 //! engine: NULL as `NULL`, empty strings as `(empty)`, floats rounded to 12 significant digits).
 //! Files whose name starts with `tpch` get the eight TPC-H tables at SF 0.01, generated in
 //! process. `control substitution on` gives `$__TEST_DIR__`, a fresh temporary folder per file.
+//! Files whose name starts with `gpu_emulated` run with `Tuning::gpu_emulation` on.
 //!
 //! Every `SELECT` / `WITH` query runs twice: as written, then with `mphf.enable_aggregate =
 //! false` and `mphf.enable_join = false` (vanilla DataFusion operators); the sorted rows must be equal, so each query of the
@@ -189,6 +190,9 @@ fn new_db(path: &Path) -> Result<MphfDb, DataFusionError> {
     let mphf_options = MphfConfig::default().without_costing();
     let ctx = MphfContext::with_config(SessionConfig::new().with_option_extension(mphf_options));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    if name.starts_with("gpu_emulated") {
+        ctx.tune(|t| t.gpu_emulation = true);
+    }
     if name.starts_with("tpch") {
         for (t, schema, parts) in tpch_tables() {
             ctx.ctx().register_table(

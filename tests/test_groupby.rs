@@ -37,14 +37,11 @@ async fn setup(partitions: usize) -> MphfContext {
     ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
     // `k` is not clustered (one row per run): costing would decline; these tests force the
     // operator, also under filters whose sampled estimate leaves (next to) no rows.
-    ctx.sql("SET mphf.aggregate_min_rows_per_run = 0").await.unwrap();
-    for limit in ["", "_partitioned"] {
-        ctx.sql(&format!(
-            "SET mphf.aggregate_max_slot_entries_per_row{limit} = 1000000000"
-        ))
-        .await
-        .unwrap();
-    }
+    ctx.tune(|t| {
+        t.aggregate_min_rows_per_run = 0.0;
+        t.aggregate_max_slot_entries_per_row = 1e9;
+        t.aggregate_max_slot_entries_per_row_partitioned = 1e9;
+    });
     ctx
 }
 
@@ -151,10 +148,10 @@ impl datafusion::physical_plan::ExecutionPlanVisitor for MetricsVisitor<'_> {
 #[tokio::test]
 async fn costing_declines_unclustered_and_small_keys() {
     let ctx = setup(2).await;
-    ctx.sql("SET mphf.aggregate_min_rows_per_run = 2").await.unwrap();
+    ctx.tune(|t| t.aggregate_min_rows_per_run = 2.0);
     // t.k is dense (0..5999): its dense-key table makes the lookups cheap, clustered or not.
     assert!(compare(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await);
-    ctx.sql("SET mphf.dense_lookup_max_bytes_per_key = 0").await.unwrap();
+    ctx.tune(|t| t.dense_lookup_max_bytes_per_key = 0.0);
     ctx.sql("DROP INDEX t_k").await.unwrap();
     ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
     // Read straight from the in-memory table, the keys find their slots in the row slots (a
@@ -173,18 +170,14 @@ async fn costing_declines_unclustered_and_small_keys() {
     // A filter that keeps few rows (v < 400: 1 %, estimated from a sample of the table, where
     // DataFusion alone keeps every row through a range predicate) leaves 2 × 10,000 slots for
     // too few rows at the default limit; one that keeps most rows does not.
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 4")
-        .await
-        .unwrap();
+    ctx.tune(|t| t.aggregate_max_slot_entries_per_row = 4.0);
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c WHERE v < 400 GROUP BY k").await);
     assert!(compare(&ctx, "SELECT k, sum(v) FROM c WHERE v >= 400 GROUP BY k").await);
-    ctx.sql("SET mphf.aggregate_min_slots = 20000").await.unwrap();
+    ctx.tune(|t| t.aggregate_min_slots = 20_000);
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
     // 2 partitions × 10,000 slots > 40,000 rows × 0.25.
-    ctx.sql("SET mphf.aggregate_min_slots = 0").await.unwrap();
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 0.25")
-        .await
-        .unwrap();
+    ctx.tune(|t| t.aggregate_min_slots = 0);
+    ctx.tune(|t| t.aggregate_max_slot_entries_per_row = 0.25);
     assert!(!compare(&ctx, "SELECT k, sum(v) FROM c GROUP BY k").await);
 }
 
@@ -194,7 +187,7 @@ async fn costing_declines_unclustered_and_small_keys() {
 #[tokio::test]
 async fn costing_takes_unclustered_string_keys_from_a_scan() {
     let ctx = setup(2).await;
-    ctx.sql("SET mphf.aggregate_min_rows_per_run = 2").await.unwrap();
+    ctx.tune(|t| t.aggregate_min_rows_per_run = 2.0);
     // 6,000 names in scattered order, 4 rows each; NULL every 89th row.
     ctx.sql(
         "CREATE TABLE sn AS SELECT CASE WHEN value % 89 = 0 THEN NULL            ELSE 'name#' || CAST((value * 7919) % 6000 AS VARCHAR) END AS nm, value AS v          FROM generate_series(0, 23999)",
@@ -210,7 +203,7 @@ async fn costing_takes_unclustered_string_keys_from_a_scan() {
     // Through a join (each sn row with the t rows of the same v): declined, same results.
     assert!(!compare(&ctx, "SELECT nm, count(*) FROM sn JOIN t ON sn.v = t.v GROUP BY nm").await);
     // The integer key of the same shape without a dense-key table is declined under a filter.
-    ctx.sql("SET mphf.dense_lookup_max_bytes_per_key = 0").await.unwrap();
+    ctx.tune(|t| t.dense_lookup_max_bytes_per_key = 0.0);
     ctx.sql("CREATE TABLE si AS SELECT (value * 7919) % 6000 AS ik, value AS v FROM generate_series(0, 23999)")
         .await
         .unwrap()
@@ -241,12 +234,14 @@ async fn setup_dependent(partitions: usize) -> MphfContext {
         "CREATE INDEX o_ok ON o USING mphf (ok)",
         "CREATE INDEX cu_ck ON cu USING mphf (ck2)",
         "CREATE INDEX li_lk ON li USING mphf (lk)",
-        // The join estimates are far below the real row counts (50 for the Q18 shape).
-        "SET mphf.aggregate_max_slot_entries_per_row = 1000000",
-        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000000",
     ] {
         ctx.sql(sql).await.unwrap();
     }
+    // The join estimates are far below the real row counts (50 for the Q18 shape).
+    ctx.tune(|t| {
+        t.aggregate_max_slot_entries_per_row = 1e6;
+        t.aggregate_max_slot_entries_per_row_partitioned = 1e6;
+    });
     ctx
 }
 
@@ -299,14 +294,14 @@ async fn dependent_group_columns_run_on_slots() {
     assert!(line.contains("mode=SlotMerge") && line.contains("index=o.ok"), "{line}");
 }
 
-/// Forced onto group columns that do not depend on the key (`mphf.aggregate_require_dependence
+/// Forced onto group columns that do not depend on the key (`Tuning::aggregate_require_dependence
 /// = false`), rows whose other columns differ from their slot's first row get groups of their
 /// own, in every partition and across partitions in the slot-range merge.
 #[tokio::test]
 async fn disagreeing_rows_get_groups_of_their_own() {
     for partitions in [1, 2, 16] {
         let ctx = setup_dependent(partitions).await;
-        ctx.sql("SET mphf.aggregate_require_dependence = false").await.unwrap();
+        ctx.tune(|t| t.aggregate_require_dependence = false);
         for sql in [
             "SELECT k, s, count(*), sum(v) FROM t GROUP BY k, s",
             "SELECT s, k, min(d), max(v) FROM t WHERE v % 5 <> 1 GROUP BY s, k",
@@ -334,13 +329,15 @@ async fn tpch_multi_column_group_bys_run_on_slots() {
         "CREATE INDEX o_orderkey ON orders USING mphf (o_orderkey)",
         "CREATE INDEX c_custkey ON customer USING mphf (c_custkey)",
         "CREATE INDEX n_nationkey ON nation USING mphf (n_nationkey)",
-        "SET mphf.aggregate_min_slots = 0",
-        "SET mphf.aggregate_min_rows_per_run = 0",
-        "SET mphf.aggregate_max_slot_entries_per_row = 1000",
-        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000",
     ] {
         ctx.sql(sql).await.unwrap();
     }
+    ctx.tune(|t| {
+        t.aggregate_min_slots = 0;
+        t.aggregate_min_rows_per_run = 0.0;
+        t.aggregate_max_slot_entries_per_row = 1000.0;
+        t.aggregate_max_slot_entries_per_row_partitioned = 1000.0;
+    });
     let q3 = "SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority \
               FROM customer, orders, lineitem \
               WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey AND l_orderkey = o_orderkey \
@@ -397,7 +394,7 @@ fn operator_line(plan: &str) -> &str {
 
 /// `SET mphf.aggregate_device = 'gpu'` places supported aggregations on the GPU (`device=gpu`
 /// in EXPLAIN) and their results equal vanilla DataFusion's: on a GPU, or (CI) through the CPU
-/// fallback, and with `mphf.gpu_emulation` (the placement's whole-input lookup, aggregation and
+/// fallback, and with `Tuning::gpu_emulation` (the placement's whole-input lookup, aggregation and
 /// state merging, with the CPU reference of the kernels). Unsupported aggregates stay
 /// `device=cpu`. Float columns hold multiples of 0.5, whose sums are exact in any order, so the
 /// comparison is exact on a GPU too.
@@ -406,7 +403,7 @@ async fn gpu_placement_equals_vanilla() {
     for (partitions, emulation) in [(1, false), (2, false), (16, false), (1, true), (2, true), (16, true)] {
         let ctx = setup(partitions).await;
         ctx.sql("SET mphf.aggregate_device = 'gpu'").await.unwrap();
-        ctx.sql(&format!("SET mphf.gpu_emulation = {emulation}")).await.unwrap();
+        ctx.tune(|t| t.gpu_emulation = emulation);
         for sql in GPU_QUERIES {
             assert!(compare(&ctx, sql).await, "{sql}");
             let (_, plan) = run(&ctx, sql).await;
@@ -485,7 +482,7 @@ async fn metric_sum(ctx: &MphfContext, sql: &str, name: &str) -> usize {
 }
 
 /// An aggregate whose input is already hash-partitioned on its key (`SinglePartitioned`, after
-/// a partitioned join) is costed with `mphf.aggregate_max_slot_entries_per_row_partitioned`, not
+/// a partitioned join) is costed with `Tuning::aggregate_max_slot_entries_per_row_partitioned`, not
 /// the scan's limit; results equal vanilla's either way.
 #[tokio::test]
 async fn partitioned_input_has_its_own_slot_entries_limit() {
@@ -502,9 +499,7 @@ async fn partitioned_input_has_its_own_slot_entries_limit() {
     let line = operator_line(&plan);
     assert!(line.contains("mode=SinglePartitioned"), "{plan}");
     // 16 partitions × 6,000 slots per estimated row, far above 0.001 (the scan's limit stays).
-    ctx.sql("SET mphf.aggregate_max_slot_entries_per_row_partitioned = 0.001")
-        .await
-        .unwrap();
+    ctx.tune(|t| t.aggregate_max_slot_entries_per_row_partitioned = 0.001);
     assert!(!compare(&ctx, sql).await, "{sql}");
     assert!(compare(&ctx, DEPENDENT_QUERIES[0].0).await);
 }
@@ -575,17 +570,17 @@ async fn foreign_index_labels_name_no_index() {
 async fn unclustered_keys_merge_by_slot_range() {
     for partitions in [2, 3, 16] {
         let ctx = setup_dependent(partitions).await;
-        ctx.sql("SET mphf.aggregate_require_dependence = false").await.unwrap();
+        ctx.tune(|t| t.aggregate_require_dependence = false);
         for sql in [
             "CREATE TABLE st AS SELECT 'user-' || CAST(value * 7919 % 6007 AS VARCHAR) AS u, value AS w \
                FROM generate_series(1, 15000)",
             "CREATE INDEX st_u ON st USING mphf (u)",
             "CREATE TABLE few AS SELECT value * 7 % 13 AS fk, value AS fv FROM generate_series(1, 40)",
             "CREATE INDEX few_fk ON few USING mphf (fk)",
-            "SET mphf.aggregate_min_slots = 0",
         ] {
             ctx.sql(sql).await.unwrap().collect().await.unwrap();
         }
+        ctx.tune(|t| t.aggregate_min_slots = 0);
         for sql in [
             "SELECT k, count(*), sum(v), avg(d), min(v), max(s) FROM t GROUP BY k",
             "SELECT k, sum(nd), avg(nd), min(nd), count(nd) FROM t WHERE v % 11 = 0 OR k % 5 <> 0 GROUP BY k",
@@ -624,9 +619,7 @@ async fn unclustered_keys_merge_by_slot_range() {
 async fn range_form_counts_its_slots_once() {
     for partitions in [2, 16] {
         let ctx = setup(partitions).await;
-        ctx.sql("SET mphf.aggregate_max_slot_entries_per_row = 4")
-            .await
-            .unwrap();
+        ctx.tune(|t| t.aggregate_max_slot_entries_per_row = 4.0);
         let sql = "SELECT k, count(*), sum(v) FROM t WHERE v % 10 = 3 GROUP BY k";
         assert!(compare(&ctx, sql).await, "{sql} at {partitions} partitions");
         let (_, plan) = run(&ctx, sql).await;
@@ -634,4 +627,106 @@ async fn range_form_counts_its_slots_once() {
         let sql = "SELECT k, count(*), sum(v) FROM t WHERE v % 100 = 3 GROUP BY k";
         assert!(!compare(&ctx, sql).await, "{sql} at {partitions} partitions");
     }
+}
+
+/// The extension has nine settings, all listed under their `mphf.` names by `SHOW ALL` and
+/// `information_schema.df_settings`; a name that used to be a setting is refused with its
+/// replacement; `mphf.costing` decides whether the thresholds apply.
+#[tokio::test]
+async fn settings_are_nine_listed_and_old_names_name_their_replacement() {
+    let ctx = setup(2).await;
+    ctx.sql("SET datafusion.catalog.information_schema = true")
+        .await
+        .unwrap();
+    let listed = |sql: &'static str| {
+        let ctx = &ctx;
+        async move {
+            let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+            let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                .unwrap()
+                .to_string();
+            let mut names: Vec<String> = text
+                .lines()
+                .filter_map(|l| l.split('|').nth(1).map(str::trim))
+                .filter(|n| n.starts_with("mphf"))
+                .map(String::from)
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    let expected = [
+        "mphf.aggregate_device",
+        "mphf.costing",
+        "mphf.enable_aggregate",
+        "mphf.enable_join",
+        "mphf.index_dir",
+        "mphf.lookup_device",
+        "mphf.on_stale",
+        "mphf.persist",
+        "mphf.verbose",
+    ];
+    assert_eq!(listed("SHOW ALL").await, expected);
+    assert_eq!(
+        listed("SELECT name FROM information_schema.df_settings").await,
+        expected
+    );
+    ctx.sql("SET mphf.costing = 'never'").await.unwrap();
+    let shown = ctx.sql("SHOW mphf.costing").await.unwrap().collect().await.unwrap();
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&shown)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("| mphf.costing | never |"), "{text}");
+
+    let err = |sql: &'static str| {
+        let ctx = &ctx;
+        async move { ctx.sql(sql).await.unwrap_err().to_string() }
+    };
+    assert_eq!(
+        err("SET mphf.join_min_slots = 0").await,
+        "Invalid or Unsupported Configuration: mphf.join_min_slots is no longer a setting: use mphf.costing = \
+         'auto' | 'always' | 'never' (the planner's thresholds apply, are bypassed, or no operator is \
+         replaced); the threshold itself is Tuning::join_min_slots, set through the Rust API (MphfContext::tune)"
+    );
+    assert_eq!(
+        err("SET mphf.gpu_emulation = true").await,
+        "Invalid or Unsupported Configuration: mphf.gpu_emulation is no longer a setting: it is \
+         Tuning::gpu_emulation, set through the Rust API (MphfContext::tune)"
+    );
+    assert!(err("SET mphf.bogus = 1").await.contains(
+        "unknown setting mphf.bogus (the settings are mphf.index_dir, mphf.persist, mphf.on_stale, mphf.verbose, \
+         mphf.enable_aggregate, mphf.enable_join, mphf.aggregate_device, mphf.lookup_device, mphf.costing)"
+    ));
+    assert!(err("SET mphf.costing = 'sometimes'")
+        .await
+        .contains("unknown costing mode 'sometimes' (expected auto, always or never)"));
+    assert!(err("SET mphf_tuning.join_min_slots = 0")
+        .await
+        .contains("mphf_tuning.join_min_slots is not a setting"));
+
+    // 1000 keys, fewer slots than `Tuning::aggregate_min_slots`: `auto` declines them (a hash
+    // table that small stays in cache), `always` runs them on slots, `never` replaces nothing.
+    let sql = "SELECT k, count(*) FROM t GROUP BY k";
+    let fresh = MphfContext::with_config(SessionConfig::new().with_target_partitions(2));
+    fresh
+        .sql("CREATE TABLE t AS SELECT value % 1000 AS k FROM generate_series(1, 20000)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    fresh.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
+    for (mode, on_slots) in [("auto", false), ("always", true), ("never", false)] {
+        fresh.sql(&format!("SET mphf.costing = '{mode}'")).await.unwrap();
+        let (_, plan) = run(&fresh, sql).await;
+        assert_eq!(
+            plan.contains("MphfAggregateExec"),
+            on_slots,
+            "costing = {mode}:\n{plan}"
+        );
+    }
+    // `never` wins over a tuning that would take everything.
+    fresh.tune(|t| *t = t.clone().without_thresholds());
+    let (_, plan) = run(&fresh, sql).await;
+    assert!(!plan.contains("MphfAggregateExec"), "{plan}");
 }

@@ -33,11 +33,13 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
         "CREATE INDEX dim_id ON dim USING mphf (id)",
         "CREATE INDEX dim_name ON dim USING mphf (name)",
         "CREATE INDEX fact_id ON fact USING mphf (id)",
-        "SET mphf.join_yield_to_array_map = false",
-        "SET mphf.join_min_probe_rows_per_run = 0",
     ] {
         ctx.sql(sql).await.unwrap().collect().await.unwrap();
     }
+    ctx.tune(|t| {
+        t.join_yield_to_array_map = false;
+        t.join_min_probe_rows_per_run = 0.0;
+    });
     ctx
 }
 
@@ -76,7 +78,7 @@ const QUERIES: &[(&str, bool)] = &[
 async fn check_all(partitions: usize, partitioned_joins: bool) {
     let ctx = setup(partitions, partitioned_joins).await;
     // Every form at any partition count (costing declines per-partition tables beyond 4).
-    ctx.sql("SET mphf.join_partitioned_max_partitions = 0").await.unwrap();
+    ctx.tune(|t| t.join_partitioned_max_partitions = 0);
     for &(sql, expect) in QUERIES {
         let plan = compare(&ctx, sql).await;
         assert_eq!(
@@ -105,7 +107,7 @@ async fn partitioned_joins_match_vanilla_on_sixteen_partitions() {
     let sql = "SELECT d.id, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.id ORDER BY 2 DESC, 1 LIMIT 20";
     let plan = compare(&ctx, sql).await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
-    ctx.sql("SET mphf.join_partitioned_max_partitions = 16").await.unwrap();
+    ctx.tune(|t| t.join_partitioned_max_partitions = 16);
     let plan = compare(&ctx, sql).await;
     assert!(plan.contains("MphfJoinExec: mode=Partitioned"), "{plan}");
 }
@@ -149,18 +151,18 @@ async fn partitioned_join_runs_collected_without_repartitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costing_yields_to_array_map_and_small_indexes() {
     let ctx = setup(1, false).await;
-    ctx.sql("SET mphf.join_yield_to_array_map = true").await.unwrap();
+    ctx.tune(|t| t.join_yield_to_array_map = true);
     // dim.id is 0..7999 and dense: DataFusion's ArrayMap wins, the rule declines.
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.id = d.id").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
     // a string key has no ArrayMap, but its unclustered probe costs an MPHF query per row
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(plan.contains("MphfJoinExec"), "{plan}");
-    ctx.sql("SET mphf.join_min_probe_rows_per_run = 2").await.unwrap();
+    ctx.tune(|t| t.join_min_probe_rows_per_run = 2.0);
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
-    ctx.sql("SET mphf.join_min_probe_rows_per_run = 0").await.unwrap();
-    ctx.sql("SET mphf.join_min_slots = 100000").await.unwrap();
+    ctx.tune(|t| t.join_min_probe_rows_per_run = 0.0);
+    ctx.tune(|t| t.join_min_slots = 100_000);
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
 }
@@ -173,8 +175,8 @@ async fn costing_yields_to_array_map_and_small_indexes() {
 async fn indexed_probe_keys_translate_their_slots() {
     for partitions in [1, 2, 16] {
         let ctx = setup(partitions, partitions == 16).await;
+        ctx.tune(|t| t.join_min_probe_rows_per_run = 2.0);
         for sql in [
-            "SET mphf.join_min_probe_rows_per_run = 2",
             "CREATE INDEX fact_name ON fact USING mphf (name)",
             "CREATE TABLE dimv AS SELECT arrow_cast(name, 'Utf8View') AS vname, grp FROM dim",
             "CREATE INDEX dimv_vname ON dimv USING mphf (vname)",
@@ -280,8 +282,8 @@ async fn build_side_from_a_join_is_declined() {
 async fn group_joins_match_vanilla() {
     for (partitions, partitioned) in [(1, false), (2, false), (4, false), (16, true)] {
         let ctx = setup(partitions, partitioned).await;
+        ctx.tune(|t| t.join_partitioned_max_partitions = 0);
         for sql in [
-            "SET mphf.join_partitioned_max_partitions = 0",
             "CREATE TABLE cats AS SELECT value AS id, \
                CASE WHEN value % 5 = 0 THEN NULL ELSE 'c' || (value % 13) END AS cat, value % 3 AS tier \
              FROM generate_series(0, 7999)",

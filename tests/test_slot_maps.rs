@@ -100,13 +100,15 @@ async fn mphf_session(dir: &Path, batch_size: usize, pushdown: bool) -> MphfCont
     for sql in [
         "CREATE INDEX IF NOT EXISTS ev_id ON ev USING mphf (id)",
         "CREATE INDEX IF NOT EXISTS ev_s ON ev USING mphf (s)",
-        "SET mphf.aggregate_min_slots = 0",
-        "SET mphf.aggregate_max_slot_entries_per_row = 1000000000",
-        "SET mphf.aggregate_max_slot_entries_per_row_partitioned = 1000000000",
         "SET mphf.aggregate_device = 'cpu'",
     ] {
         ctx.sql(sql).await.unwrap().collect().await.unwrap();
     }
+    ctx.tune(|t| {
+        t.aggregate_min_slots = 0;
+        t.aggregate_max_slot_entries_per_row = 1e9;
+        t.aggregate_max_slot_entries_per_row_partitioned = 1e9;
+    });
     ctx
 }
 
@@ -203,11 +205,10 @@ async fn slot_maps_are_saved_reused_and_remade_when_corrupt() {
         .unwrap();
     let before = std::fs::metadata(&slots).unwrap().modified().unwrap();
     let (got, plan, input_rows, scan_rows) = {
-        again.sql("SET mphf.aggregate_min_slots = 0").await.unwrap();
-        again
-            .sql("SET mphf.aggregate_max_slot_entries_per_row = 1000000000")
-            .await
-            .unwrap();
+        again.tune(|t| {
+            t.aggregate_min_slots = 0;
+            t.aggregate_max_slot_entries_per_row = 1e9;
+        });
         mphf_run(&again, sql).await
     };
     assert_eq!(got, want, "{plan}");

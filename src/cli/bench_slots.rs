@@ -215,7 +215,7 @@ pub fn run(args: &BenchSlotsArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The per-batch crossover of `mphf_index` (`mphf.lookup_gpu_min_rows`): one batch of `n` rows
+/// The per-batch crossover of `mphf_index` (`Tuning::lookup_gpu_min_rows`): one batch of `n` rows
 /// looked up on one CPU core (as one DataFusion partition does) against the GPU, end to end
 /// (upload, kernel, slots back as an Arrow array), for the table-order (clustered) probe and a
 /// scattered one. The index has the dense-key table the SQL session gives it.

@@ -49,10 +49,14 @@ pub struct DemoArgs {
     /// of them).
     #[arg(long)]
     pub only: Vec<String>,
-    /// `KEY=VALUE`: a session option set in the MPHF session before the queries run
-    /// (repeatable), e.g. `--set mphf.join_collect_max_partitions=4`.
+    /// `KEY=VALUE`: a session setting set in the MPHF session before the queries run
+    /// (repeatable), e.g. `--set mphf.aggregate_device=gpu`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// `NAME=VALUE`: one of the planner's thresholds (`Tuning`, not a setting) changed in the
+    /// MPHF session (repeatable), e.g. `--tune join_collect_max_partitions=4`.
+    #[arg(long = "tune", value_name = "NAME=VALUE")]
+    pub tune: Vec<String>,
 }
 
 /// Which queries a run shows.
@@ -329,6 +333,15 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
         };
         mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
         eprintln!("SET {} = {}", key.trim(), value.trim());
+    }
+    for threshold in &args.tune {
+        let Some((name, value)) = threshold.split_once('=') else {
+            bail!("--tune takes NAME=VALUE, got {threshold:?}");
+        };
+        let mut tuning = mphf.tuning();
+        tuning.assign(name.trim(), value)?;
+        mphf.tune(|t| *t = tuning);
+        eprintln!("tune {} = {}", name.trim(), value.trim());
     }
     let stats = mphf
         .sql(

@@ -1,14 +1,22 @@
-//! `MphfConfig`: session options under the `mphf` prefix, settable with `SET mphf.<key> = ...`.
+//! `MphfConfig`: the extension's nine session settings, under the `mphf` prefix (`SET
+//! mphf.<key> = ...`), listed by `SHOW ALL` and `information_schema.df_settings`.
 //!
-//! Options with a fixed set of values are typed ([`Device`], [`OnStale`]): `SET` parses the
-//! value and rejects a bad one with the accepted values, before anything is stored, so a typo
-//! never breaks the statements after it.
+//! The settings are what a user decides: whether the operators run at all, on which device,
+//! where indexes are saved, and `mphf.costing` (whether the planner's cost thresholds apply).
+//! The thresholds themselves are not settings: they are constants of the planner
+//! ([`crate::datafusion::plan::Tuning`]), changed through the Rust API only. A name that was a
+//! setting before is rejected by `SET` with a message that names its replacement.
+//!
+//! Options with a fixed set of values are typed ([`Device`], [`OnStale`], [`CostingMode`]): `SET`
+//! parses the value and rejects a bad one with the accepted values, before anything is stored,
+//! so a typo never breaks the statements after it.
 
+use std::any::Any;
 use std::fmt;
 use std::str::FromStr;
 
-use ::datafusion::common::config::ConfigExtension;
-use ::datafusion::common::{config_field, extensions_options, DataFusionError};
+use ::datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions};
+use ::datafusion::common::{config_field, DataFusionError, Result};
 
 use crate::device::Device;
 
@@ -44,87 +52,190 @@ impl fmt::Display for OnStale {
     }
 }
 
+/// `mphf.costing`: whether the planner's cost thresholds decide where the operators run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CostingMode {
+    /// The thresholds decide (declined candidates keep DataFusion's operators).
+    #[default]
+    Auto,
+    /// Every supported candidate runs on slots, whatever it costs (tests and the differential
+    /// check use it to reach every operator path on small tables).
+    Always,
+    /// No DataFusion operator is replaced; `mphf_index` and the indexes still work.
+    Never,
+}
+
+impl FromStr for CostingMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(CostingMode::Auto),
+            "always" => Ok(CostingMode::Always),
+            "never" => Ok(CostingMode::Never),
+            other => Err(format!(
+                "unknown costing mode '{other}' (expected auto, always or never)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for CostingMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CostingMode::Auto => "auto",
+            CostingMode::Always => "always",
+            CostingMode::Never => "never",
+        })
+    }
+}
+
 /// `value` parsed, or a configuration error naming the accepted values.
-fn parse_option<T: FromStr<Err = String>>(value: &str) -> ::datafusion::common::Result<T> {
+fn parse_option<T: FromStr<Err = String>>(value: &str) -> Result<T> {
     value.trim().parse().map_err(DataFusionError::Configuration)
 }
 
 config_field!(Device, value => parse_option(value)?);
 config_field!(OnStale, value => parse_option(value)?);
+config_field!(CostingMode, value => parse_option(value)?);
 
-extensions_options! {
-    /// Options of the MPHF extension (prefix `mphf`).
-    pub struct MphfConfig {
-        /// Directory for saved indexes of file-backed tables; empty: a `_mphf/` folder next to the data.
-        pub index_dir: String, default = String::new()
-        /// Save indexes of file-backed tables and reuse saved ones whose fingerprint matches.
-        pub persist: bool, default = true
-        /// What to do with a saved index that no longer matches its data: `rebuild` or `refuse`.
-        pub on_stale: OnStale, default = OnStale::Rebuild
-        /// Print index reuse / rebuild notices on stderr.
-        pub verbose: bool, default = true
-        /// Replace hash aggregation by `MphfAggregateExec` when the GROUP BY key is indexed.
-        pub enable_aggregate: bool, default = true
-        /// Costing: indexes with fewer slots stay on hash aggregation (cache-resident tables).
-        pub aggregate_min_slots: u64, default = 4096
-        /// Costing: the indexed column's rows per run of equal keys (in table order, measured
-        /// at build) must reach this; unclustered keys cost one MPHF query per row and lose.
-        pub aggregate_min_rows_per_run: f64, default = 2.0
-        /// Costing: the most slot-array entries (input partitions × slots) per input row, when
-        /// the input's row count is estimated; beyond it, emitting the partials costs more than
-        /// the rows save.
-        pub aggregate_max_slot_entries_per_row: f64, default = 4.0
-        /// The same limit for an aggregate whose input is already hash-partitioned on the key
-        /// (`SinglePartitioned`, e.g. after a partitioned join): each partition touches a 1/P
-        /// share of its slot array, at random.
-        pub aggregate_max_slot_entries_per_row_partitioned: f64, default = 1.0
-        /// A GROUP BY of several columns runs on the slots of an indexed one only when the
-        /// others are proven to depend on it (same row of a unique key, inner equi-joins on
-        /// unique keys). false: whenever one is indexed; rows whose other columns disagree
-        /// still get groups of their own (same results, slower).
-        pub aggregate_require_dependence: bool, default = true
-        /// Where `MphfAggregateExec` aggregates: `auto` (the GPU when one is usable, the input is
-        /// estimated at `aggregate_gpu_min_rows` rows or more, and the aggregates are supported),
-        /// `cpu`, or `gpu` (whenever supported; without a usable GPU it runs on the CPU with a
-        /// notice). `EXPLAIN` shows the choice as `device=`.
-        pub aggregate_device: Device, default = Device::Auto
-        /// Smallest estimated input (rows) for which `aggregate_device = auto` uses the GPU
-        /// (the crossover measured on the H200, benches/RESULTS-gpu.md).
-        pub aggregate_gpu_min_rows: u64, default = crate::datafusion::aggregate::GPU_MIN_ROWS
-        /// Run the GPU placement of the aggregation with its algorithm on the CPU (lookup of the
-        /// whole input, `gpu::groupby::aggregate_cpu`, states merged as from the GPU): for
-        /// testing that path on machines without a GPU.
-        pub gpu_emulation: bool, default = false
-        /// Where `mphf_index` looks keys up: `auto` (the GPU for batches of at least
-        /// `lookup_gpu_min_rows` rows when one is usable), `cpu` or `gpu`.
-        pub lookup_device: Device, default = Device::Auto
-        /// Smallest batch (rows) that `lookup_device = auto` sends to the GPU.
-        pub lookup_gpu_min_rows: u64, default = crate::datafusion::udf::GPU_LOOKUP_MIN_ROWS
-        /// Lookups of dense integer keys read a direct key → slot table (same slots as the MPHF)
-        /// when it costs at most this many bytes per key (4 per value of the key range); 0: off.
-        /// Takes effect for indexes created (or loaded) afterwards.
-        pub dense_lookup_max_bytes_per_key: f64, default = 16.0
-        /// Indexes of in-memory tables keep the slot of every table row (4 bytes per row), so
-        /// lookups of the table's own arrays (GROUP BY or `mphf_index` on a scan of it) copy
-        /// slots instead of querying the MPHF. Takes effect for indexes created afterwards.
-        pub row_slots: bool, default = true
-        /// Replace hash joins by `MphfJoinExec` when the build side's join key is indexed.
-        pub enable_join: bool, default = true
-        /// Costing: joins on indexes with fewer slots stay hash joins (cache-resident tables).
-        pub join_min_slots: u64, default = 4096
-        /// Costing: without a dense-key table, the probe key must be an indexed column with at
-        /// least this many rows per run of equal keys (one MPHF query per run).
-        pub join_min_probe_rows_per_run: f64, default = 2.0
-        /// The collect form (one shared build, no hash repartitions) replaces a `Partitioned`
-        /// join only up to this many probe partitions; beyond, the join keeps its partitions
-        /// (one build per partition, built in parallel). 0: no limit.
-        pub join_collect_max_partitions: usize, default = 0
-        /// Costing: a `Partitioned` join that must keep its form (one slot table per partition,
-        /// each sized by the whole index) runs on slots only up to this many partitions (16
-        /// partitions at SF 1 ran 0.59–0.65× of DataFusion's per-partition hash tables). 0: any.
-        pub join_partitioned_max_partitions: usize, default = 4
-        /// Costing: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
-        pub join_yield_to_array_map: bool, default = true
+/// The extension's settings (prefix `mphf`; see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MphfConfig {
+    /// Directory for saved indexes of file-backed tables; empty: a `_mphf/` folder next to the data.
+    pub index_dir: String,
+    /// Save indexes of file-backed tables and reuse saved ones whose fingerprint matches.
+    pub persist: bool,
+    /// What to do with a saved index that no longer matches its data: `rebuild` or `refuse`.
+    pub on_stale: OnStale,
+    /// Print index reuse / rebuild notices on stderr.
+    pub verbose: bool,
+    /// Replace hash aggregation by `MphfAggregateExec` when the GROUP BY key is indexed.
+    pub enable_aggregate: bool,
+    /// Replace hash joins by `MphfJoinExec` when the build side's join key is indexed.
+    pub enable_join: bool,
+    /// Where `MphfAggregateExec` aggregates: `auto`, `cpu` or `gpu` (see [`Device`]).
+    pub aggregate_device: Device,
+    /// Where `mphf_index` looks keys up: `auto`, `cpu` or `gpu`.
+    pub lookup_device: Device,
+    /// Whether the planner's cost thresholds decide: `auto`, `always` or `never`.
+    pub costing: CostingMode,
+}
+
+impl Default for MphfConfig {
+    fn default() -> Self {
+        Self {
+            index_dir: String::new(),
+            persist: true,
+            on_stale: OnStale::Rebuild,
+            verbose: true,
+            enable_aggregate: true,
+            enable_join: true,
+            aggregate_device: Device::Auto,
+            lookup_device: Device::Auto,
+            costing: CostingMode::Auto,
+        }
+    }
+}
+
+/// Each setting's name and the description `SHOW ALL` gives.
+const SETTINGS: [(&str, &str); 9] = [
+    ("index_dir", "Directory for saved indexes of file-backed tables; empty: a _mphf/ folder next to the data."),
+    ("persist", "Save indexes of file-backed tables and reuse saved ones whose fingerprint matches."),
+    ("on_stale", "A saved index that no longer matches its data: rebuild or refuse."),
+    ("verbose", "Print index reuse and rebuild notices on stderr."),
+    ("enable_aggregate", "Run GROUP BY on an indexed key on MPHF slots (MphfAggregateExec)."),
+    ("enable_join", "Run joins on an indexed build-side key on MPHF slots (MphfJoinExec)."),
+    ("aggregate_device", "Where MphfAggregateExec aggregates: auto, cpu or gpu."),
+    ("lookup_device", "Where mphf_index looks keys up: auto, cpu or gpu."),
+    ("costing", "auto: the planner's cost thresholds decide; always: every supported candidate runs on slots; never: none does."),
+];
+
+/// The message for a name that is not a setting: for one that was, what replaced it.
+fn not_a_setting(key: &str) -> String {
+    const THRESHOLDS: [&str; 14] = [
+        "aggregate_min_slots",
+        "aggregate_min_rows_per_run",
+        "aggregate_max_slot_entries_per_row",
+        "aggregate_max_slot_entries_per_row_partitioned",
+        "aggregate_require_dependence",
+        "aggregate_gpu_min_rows",
+        "lookup_gpu_min_rows",
+        "dense_lookup_max_bytes_per_key",
+        "row_slots",
+        "join_min_slots",
+        "join_min_probe_rows_per_run",
+        "join_collect_max_partitions",
+        "join_partitioned_max_partitions",
+        "join_yield_to_array_map",
+    ];
+    if THRESHOLDS.contains(&key) {
+        format!(
+            "mphf.{key} is no longer a setting: use mphf.costing = 'auto' | 'always' | 'never' (the planner's \
+             thresholds apply, are bypassed, or no operator is replaced); the threshold itself is \
+             Tuning::{key}, set through the Rust API (MphfContext::tune)"
+        )
+    } else if key == "gpu_emulation" {
+        "mphf.gpu_emulation is no longer a setting: it is Tuning::gpu_emulation, set through the \
+         Rust API (MphfContext::tune)"
+            .to_string()
+    } else {
+        let names: Vec<&str> = SETTINGS.iter().map(|(n, _)| *n).collect();
+        format!(
+            "unknown setting mphf.{key} (the settings are mphf.{})",
+            names.join(", mphf.")
+        )
+    }
+}
+
+impl ExtensionOptions for MphfConfig {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "index_dir" => self.index_dir.set("", value),
+            "persist" => self.persist.set("", value),
+            "on_stale" => self.on_stale.set("", value),
+            "verbose" => self.verbose.set("", value),
+            "enable_aggregate" => self.enable_aggregate.set("", value),
+            "enable_join" => self.enable_join.set("", value),
+            "aggregate_device" => self.aggregate_device.set("", value),
+            "lookup_device" => self.lookup_device.set("", value),
+            "costing" => self.costing.set("", value),
+            other => Err(DataFusionError::Configuration(not_a_setting(other))),
+        }
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        let values: [String; 9] = [
+            self.index_dir.clone(),
+            self.persist.to_string(),
+            self.on_stale.to_string(),
+            self.verbose.to_string(),
+            self.enable_aggregate.to_string(),
+            self.enable_join.to_string(),
+            self.aggregate_device.to_string(),
+            self.lookup_device.to_string(),
+            self.costing.to_string(),
+        ];
+        SETTINGS
+            .iter()
+            .zip(values)
+            .map(|((name, description), value)| ConfigEntry {
+                key: format!("{}.{name}", Self::PREFIX),
+                value: Some(value),
+                description,
+            })
+            .collect()
     }
 }
 
@@ -133,17 +244,12 @@ impl ConfigExtension for MphfConfig {
 }
 
 impl MphfConfig {
-    /// The same options with every costing threshold off: the operators run wherever they
-    /// apply (tests and the differential check use it to reach every operator path).
-    pub fn without_costing(mut self) -> Self {
-        self.aggregate_min_slots = 0;
-        self.aggregate_min_rows_per_run = 0.0;
-        self.aggregate_max_slot_entries_per_row = f64::INFINITY;
-        self.aggregate_max_slot_entries_per_row_partitioned = f64::INFINITY;
-        self.join_min_slots = 0;
-        self.join_min_probe_rows_per_run = 0.0;
-        self.join_yield_to_array_map = false;
-        self
+    /// The same settings with `costing = always`: the operators run wherever they apply.
+    pub fn without_costing(self) -> Self {
+        Self {
+            costing: CostingMode::Always,
+            ..self
+        }
     }
 
     /// True when a stale saved index must be refused instead of rebuilt.

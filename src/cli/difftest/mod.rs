@@ -7,7 +7,7 @@
 //! 3. **costing off**: the extension with every costing threshold off, so that the operators
 //!    run wherever they apply;
 //! 4. **GPU emulation**: costing off, GROUP BYs on the GPU placement with its algorithm run on
-//!    the CPU (`mphf.gpu_emulation`), so that its conversion of per-slot results into
+//!    the CPU (`Tuning::gpu_emulation`), so that its conversion of per-slot results into
 //!    accumulator states is checked on machines without a GPU.
 //!
 //! Each query runs at a seed-chosen `target_partitions` (1–8) and `batch_size` (100–8192),
@@ -198,7 +198,6 @@ impl Sessions {
         let mphf = |cfg: MphfConfig| MphfContext::with_config(SessionConfig::new().with_option_extension(cfg));
         let gpu = MphfConfig {
             aggregate_device: crate::device::Device::Gpu,
-            gpu_emulation: true,
             ..MphfConfig::default().without_costing()
         };
         Self {
@@ -206,7 +205,11 @@ impl Sessions {
             operators_off: mphf(off),
             default: mphf(MphfConfig::default()),
             costing_off: mphf(MphfConfig::default().without_costing()),
-            gpu_emulation: mphf(gpu),
+            gpu_emulation: {
+                let emulated = mphf(gpu);
+                emulated.tune(|t| t.gpu_emulation = true);
+                emulated
+            },
         }
     }
 

@@ -87,7 +87,7 @@ pub struct GpuAggregation {
     /// Distinct argument expressions and the GPU operations each needs.
     columns: Vec<(Arc<dyn PhysicalExpr>, Vec<AggOp>)>,
     aggs: Vec<GpuAggregate>,
-    /// Run the placement's algorithm on the CPU instead (`mphf.gpu_emulation`).
+    /// Run the placement's algorithm on the CPU instead (`Tuning::gpu_emulation`).
     emulate: bool,
 }
 
@@ -348,7 +348,7 @@ fn on_device(
     group_by.run(&slots, rows, true, &spec, &plan)?.download(&ctx)
 }
 
-/// The same computation on the CPU (`mphf.gpu_emulation`): slots from the CPU lookup, then
+/// The same computation on the CPU (`Tuning::gpu_emulation`): slots from the CPU lookup, then
 /// [`aggregate_cpu`], the GPU kernels' reference. Everything after it is the GPU placement's.
 fn emulate(
     index: &IndexHandle,

@@ -34,7 +34,7 @@
 //!   accumulators, are reserved in the memory pool.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ::datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use ::datafusion::arrow::compute::take;
@@ -53,7 +53,7 @@ use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, ReplaceChildrenOptions,
 };
-use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::future::{BoxFuture, FutureExt};
 use futures::{StreamExt, TryStreamExt};
 
 #[cfg(feature = "cuda")]
@@ -62,9 +62,8 @@ use super::grouping::{ByteRows, Grouping};
 use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, SlotMetrics};
 use super::ranges::{RangeJob, Scattered, SlotRanges};
 use super::Placement;
+use crate::datafusion::once::{OncePerExecution, SharedWork};
 use crate::datafusion::registry::IndexHandle;
-
-type PreparedResult = std::result::Result<Arc<Prepared>, Arc<DataFusionError>>;
 
 /// How the node turns its input into per-range work (chosen by the rule, shown by `EXPLAIN` as
 /// `form=`).
@@ -111,9 +110,8 @@ pub struct MphfMergedAggregateExec {
     placement: Placement,
     /// Partials or scattered rows (CPU placement only; the GPU's partial is always one).
     form: MergeForm,
-    /// The shared work of the current execution, computed once, and how many output partitions
-    /// took it (the cache is cleared when all did, so a re-execution starts afresh).
-    prepared: Mutex<Option<(Shared<BoxFuture<'static, PreparedResult>>, usize)>>,
+    /// The work all output partitions of one execution share.
+    prepared: OncePerExecution<Prepared>,
 }
 
 impl fmt::Debug for MphfMergedAggregateExec {
@@ -150,7 +148,7 @@ impl MphfMergedAggregateExec {
             metrics: ExecutionPlanMetricsSet::new(),
             placement: Placement::Cpu,
             form: MergeForm::Partials,
-            prepared: Mutex::new(None),
+            prepared: OncePerExecution::default(),
         }
     }
 
@@ -188,17 +186,14 @@ impl MphfMergedAggregateExec {
     }
 
     /// The shared future of the partials or scattered rows (started on first use).
-    fn prepared(&self, context: &Arc<TaskContext>) -> Shared<BoxFuture<'static, PreparedResult>> {
+    fn prepared(&self, context: &Arc<TaskContext>) -> Result<SharedWork<Prepared>> {
         let ranges = self.properties.output_partitioning().partition_count();
-        let mut guard = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((f, taken)) = guard.as_mut() {
-            let f = f.clone();
-            *taken += 1;
-            if *taken >= ranges {
-                *guard = None;
-            }
-            return f;
-        }
+        self.prepared
+            .get_or_start(context, ranges, || Ok(self.prepare(context)))
+    }
+
+    /// The future of the partials or scattered rows of one execution.
+    fn prepare(&self, context: &Arc<TaskContext>) -> BoxFuture<'static, Result<Arc<Prepared>>> {
         let partial = Arc::clone(&self.partial);
         let index = Arc::clone(&self.index);
         let context = Arc::clone(context);
@@ -207,7 +202,7 @@ impl MphfMergedAggregateExec {
         let key_pos = self.key_pos;
         let placement = self.placement.clone();
         let range_job = (self.form() == MergeForm::Ranges).then(|| self.range_job());
-        let fut = async move {
+        async move {
             if let Some(job) = range_job {
                 return Ok(Arc::new(Prepared::Scattered(job.scatter(&context, &metrics).await?)));
             }
@@ -237,13 +232,7 @@ impl MphfMergedAggregateExec {
             };
             Ok(Arc::new(Prepared::Partials(out)))
         }
-        .map(|r: Result<Arc<Prepared>>| r.map_err(Arc::new))
         .boxed()
-        .shared();
-        if ranges > 1 {
-            *guard = Some((fut.clone(), 1));
-        }
-        fut
     }
 }
 
@@ -730,7 +719,7 @@ impl ExecutionPlan for MphfMergedAggregateExec {
         }
         let n = self.index.index().len() as usize;
         let (lo, hi) = (partition * n / ranges, (partition + 1) * n / ranges);
-        let prepared = self.prepared(&context);
+        let prepared = self.prepared(&context)?;
         let schema = ExecutionPlan::schema(self.final_agg.as_ref());
         let batch_size = context.session_config().batch_size().max(1);
         let baseline = BaselineMetrics::new(&self.metrics, partition);

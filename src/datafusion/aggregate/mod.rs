@@ -135,7 +135,7 @@ impl Placement {
 
     /// The GPU placement of `agg` grouped by `key_pos`, or why it has none (unsupported
     /// aggregates or types, no `cuda` feature). `emulate`: its algorithm runs on the CPU
-    /// (`mphf.gpu_emulation`, for testing without a GPU).
+    /// (`Tuning::gpu_emulation`, for testing without a GPU).
     pub fn gpu_for(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Placement, String> {
         #[cfg(feature = "cuda")]
         {

@@ -12,7 +12,7 @@
 //! - Decline when the input's row-count estimate ([`estimate`](super::estimate): DataFusion's,
 //!   corrected through joins on unique indexed keys and through filters over in-memory tables
 //!   by evaluating them on a sample) is known and
-//!   `input partitions × slots > rows × mphf.aggregate_max_slot_entries_per_row` (default 4):
+//!   `input partitions × slots > rows × Tuning::aggregate_max_slot_entries_per_row` (default 4):
 //!   every input partition keeps a slot → group array of the full slot count (4 bytes a slot)
 //!   and scans it to emit its partial, so the slot arrays must not outgrow the rows by much.
 //!   Measured on GROUP BY l_orderkey (ratio 4 on 16 partitions, the 16-core host): 1.23× at
@@ -20,7 +20,7 @@
 //!   default until session 4; session 2's 0.24× at ratio 4 predates the compact group ids,
 //!   when the accumulators too had the full slot count). A `SinglePartitioned` aggregate (its
 //!   input already hash-partitioned on the key, e.g. after a partitioned join) uses
-//!   `mphf.aggregate_max_slot_entries_per_row_partitioned` (default 1): each partition touches
+//!   `Tuning::aggregate_max_slot_entries_per_row_partitioned` (default 1): each partition touches
 //!   a 1/P share of its slot array at random; GROUP BY l_orderkey + 3 order columns after
 //!   `lineitem ⋈ orders` measured 0.40–0.62× at ratio 4 on 16 partitions (SF 0.1–1) against
 //!   0.76–0.88× declined, and 1.89× at ratio 0.5 on 2 partitions.
@@ -31,13 +31,13 @@
 //!   what hashing 30K rows does); its sampled estimate (0.32M rows, ratio 9.4 on 2
 //!   partitions) now declines it.
 //! - Decline when the indexed column is not clustered: fewer than
-//!   `mphf.aggregate_min_rows_per_run` (default 2) rows per run of equal keys in table order,
+//!   `Tuning::aggregate_min_rows_per_run` (default 2) rows per run of equal keys in table order,
 //!   measured when the index is built. The operator queries the MPHF once per run (the lookup
 //!   reuses the slot of a repeated key), at 60–80 ns per query on the 2-core machine, while
 //!   DataFusion's vectorized hashing costs 25–50 ns per row: one query per row loses
 //!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
 //!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md. Indexes with a
-//!   dense-key table (integer keys in a narrow range, `mphf.dense_lookup_max_bytes_per_key`)
+//!   dense-key table (integer keys in a narrow range, `Tuning::dense_lookup_max_bytes_per_key`)
 //!   skip this check: their lookups are one array read. So do byte keys (strings, binary) when
 //!   the index has its decoded MPHF copy ([`FlatMphf`](crate::core::flat::FlatMphf)): a verified
 //!   lookup then costs ~40 ns per row (10^5 string keys, 2 cores) against ~90 ns for
@@ -67,7 +67,7 @@
 //! every key); `cpu` never. A GPU-placed node skips the CPU
 //! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
 //! loss); in the per-partition form it keeps a slot-entries limit, the partitioned one
-//! (`mphf.aggregate_max_slot_entries_per_row_partitioned`, default 1) whatever the mode: every
+//! (`Tuning::aggregate_max_slot_entries_per_row_partitioned`, default 1) whatever the mode: every
 //! partition's GPU call downloads and converts states for the whole slot range. TPC-H Q18's
 //! inner `GROUP BY l_orderkey` (a Partial aggregate under a repartition, 16 partitions × 1.5M
 //! slots for 6M rows) measured 0.41× with the GPU per partition (1.72 s of device time summed
@@ -96,15 +96,16 @@ use super::estimate::RowEstimator;
 use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
+use crate::datafusion::plan::thresholds_for;
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays};
 use crate::device::Device;
 
-/// Default of `mphf.aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
+/// Default of `Tuning::aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
 /// hash aggregation.
 pub const MIN_SLOTS: u64 = 4096;
 
-/// The costing thresholds (from the session's `mphf.*` options).
+/// The costing thresholds (the session's `Tuning` under `mphf.costing`, see `plan::thresholds_for`).
 #[derive(Clone, Copy, Debug)]
 pub struct Costing {
     /// Fewest slots worth the operator.
@@ -119,13 +120,13 @@ pub struct Costing {
     pub require_dependence: bool,
     /// `mphf.aggregate_device`.
     pub device: Device,
-    /// `mphf.aggregate_gpu_min_rows`: smallest estimated input for `Device::Auto` to pick the GPU.
+    /// `Tuning::aggregate_gpu_min_rows`: smallest estimated input for `Device::Auto` to pick the GPU.
     pub gpu_min_rows: u64,
-    /// `mphf.gpu_emulation`: the GPU placement's algorithm runs on the CPU.
+    /// `Tuning::gpu_emulation`: the GPU placement's algorithm runs on the CPU.
     pub gpu_emulation: bool,
 }
 
-/// Default of `mphf.aggregate_gpu_min_rows`. Measured on the H200 host against our CPU
+/// Default of `Tuning::aggregate_gpu_min_rows`. Measured on the H200 host against our CPU
 /// operator on its 16 cores (benches/RESULTS-gpu.md, "The GROUP BY operator and `mphf_index` on
 /// the GPU"): at 1.8·10^6 rows (SF 0.3) the GPU lost on clustered keys (0.57–0.84× of the CPU
 /// operator's speed), at 6·10^6 (SF 1) it was on par (0.92–1.52×), at 6·10^7 (SF 10) 1.4–3.4×.
@@ -395,7 +396,7 @@ pub const RANGES_BELOW_ROWS_PER_SLOT: f64 = 8.0;
 
 /// Rows per run of equal keys (in table order) from which a key counts as clustered for the
 /// choice of [`merge_form`]: the partials of a clustered key touch disjoint slots and stay small.
-/// A constant, not `mphf.aggregate_min_rows_per_run`, so that sessions with costing off still
+/// A constant, not `Tuning::aggregate_min_rows_per_run`, so that sessions with costing off still
 /// take the range form where it applies.
 const CLUSTERED_ROWS_PER_RUN: f64 = 2.0;
 
@@ -446,18 +447,18 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };
-        if !cfg.enable_aggregate {
+        let Some(t) = thresholds_for(cfg, config).filter(|_| cfg.enable_aggregate) else {
             return Ok(plan);
-        }
+        };
         let costing = Costing {
-            min_slots: cfg.aggregate_min_slots,
-            min_rows_per_run: cfg.aggregate_min_rows_per_run,
-            max_slot_entries_per_row: cfg.aggregate_max_slot_entries_per_row,
-            max_slot_entries_per_row_partitioned: cfg.aggregate_max_slot_entries_per_row_partitioned,
-            require_dependence: cfg.aggregate_require_dependence,
+            min_slots: t.aggregate_min_slots,
+            min_rows_per_run: t.aggregate_min_rows_per_run,
+            max_slot_entries_per_row: t.aggregate_max_slot_entries_per_row,
+            max_slot_entries_per_row_partitioned: t.aggregate_max_slot_entries_per_row_partitioned,
+            require_dependence: t.aggregate_require_dependence,
             device: cfg.aggregate_device,
-            gpu_min_rows: cfg.aggregate_gpu_min_rows,
-            gpu_emulation: cfg.gpu_emulation,
+            gpu_min_rows: t.aggregate_gpu_min_rows,
+            gpu_emulation: t.gpu_emulation,
         };
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
         let merged = unmerged_reverted(merged)?;

@@ -36,7 +36,7 @@ pub mod rule;
 mod translate;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, DataFusionError, JoinType, Result, Statistics};
@@ -54,7 +54,7 @@ use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements,
     PlanProperties, ReplaceChildrenOptions,
 };
-use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::future::{BoxFuture, FutureExt};
 use futures::{StreamExt, TryStreamExt};
 
 pub use build::{BuildSide, SharedBuild, SlotRows};
@@ -62,6 +62,7 @@ pub use group_join::MphfGroupJoinExec;
 use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
+use crate::datafusion::once::OncePerExecution;
 use crate::datafusion::registry::IndexHandle;
 use translate::{probe_index, Translator};
 
@@ -78,9 +79,8 @@ pub struct MphfJoinExec {
     /// Probe slots by translation, when the probe key carries an index with row slots.
     translator: Option<Arc<Translator>>,
     metrics: ExecutionPlanMetricsSet,
-    /// `CollectLeft`: the shared build of the current execution and how many probe partitions
-    /// took it (cleared when all did, so a re-execution builds afresh).
-    shared: Mutex<Option<(Shared<BoxFuture<'static, BuildResult>>, usize)>>,
+    /// `CollectLeft`: the build side all probe partitions of one execution share.
+    shared: OncePerExecution<BuildSide>,
 }
 
 impl fmt::Debug for MphfJoinExec {
@@ -102,7 +102,7 @@ impl MphfJoinExec {
             key,
             translator,
             metrics: ExecutionPlanMetricsSet::new(),
-            shared: Mutex::new(None),
+            shared: OncePerExecution::default(),
         }
     }
 
@@ -260,24 +260,10 @@ impl MphfJoinExec {
                 .boxed());
         }
         let probes = self.join.right().output_partitioning().partition_count();
-        let mut guard = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((f, taken)) = guard.as_mut() {
-            let f = f.clone();
-            *taken += 1;
-            if *taken >= probes {
-                *guard = None;
-            }
-            return Ok(f.boxed());
-        }
-        let fut = self
-            .build_future(0, probes, context)?
-            .map(|r| r.map_err(Arc::new))
-            .boxed()
-            .shared();
-        if probes > 1 {
-            *guard = Some((fut.clone(), 1));
-        }
-        Ok(fut.boxed())
+        let build = self
+            .shared
+            .get_or_start(context, probes, || self.build_future(0, probes, context))?;
+        Ok(build.boxed())
     }
 }
 

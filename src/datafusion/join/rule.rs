@@ -28,20 +28,20 @@
 //!   collect form; like the collect form, it is kept only when the sanity check accepts it.
 //!
 //! # Decision rule (costing)
-//! - Decline when the index has fewer than `mphf.join_min_slots` slots (default 4096): a small
+//! - Decline when the index has fewer than `Tuning::join_min_slots` slots (default 4096): a small
 //!   hash table stays in cache and costs no more than an MPHF query.
 //! - Decline when the index has no dense-key table (string keys, sparse integers) and the probe
 //!   key is not known to be clustered: every probe row then costs an MPHF query and its
 //!   verification (≈140 ns for a string), more than DataFusion's vectorized hash probe
 //!   (`orders ⋈ customer` on `c_name` at SF 1 ran 0.51× on 2 partitions, 0.85× on 16). A probe
-//!   key that is itself an indexed column with at least `mphf.join_min_probe_rows_per_run`
+//!   key that is itself an indexed column with at least `Tuning::join_min_probe_rows_per_run`
 //!   (default 2) rows per run of equal keys, measured when its index was built, is accepted:
 //!   runs share one query. So is a probe key whose own index keeps row slots, in a form whose
 //!   probe side hands the join that table's arrays (no filter, no hash repartition; see
 //!   `join::translate`): its slots are translated, not looked up
 //!   (`orders_by_name ⋈ customer` on the name at SF 1: 2.3–3.8× on 2 partitions, 1.4–1.6× on 16).
 //! - Decline the one-for-one form of a `Partitioned` join beyond
-//!   `mphf.join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
+//!   `Tuning::join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
 //!   is sized by the whole index while holding 1/P of its keys, and 16 of them ran 0.59–0.65×
 //!   of DataFusion's per-partition hash tables (lineitem ⋈ orders under a `SinglePartitioned`
 //!   GROUP BY, SF 1, 16 cores). Under a `SinglePartitioned` aggregate the collect form keeps
@@ -50,7 +50,7 @@
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated from the index's keys spread over the
 //!   join's build partitions): a direct array index is cheaper than an MPHF query
-//!   (`mphf.join_yield_to_array_map`, default true). Measured at SF 1 on 2 cores:
+//!   (`Tuning::join_yield_to_array_map`, default true). Measured at SF 1 on 2 cores:
 //!   `orders ⋈ customer` on `c_custkey` (dense, ArrayMap per partition) ran 0.28× with the
 //!   operator.
 
@@ -80,6 +80,7 @@ use super::group_count;
 use super::translate::{translates_probe, with_probe_scan_slots};
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
+use crate::datafusion::plan::thresholds_for;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::table::MphfRelabelExec;
 
@@ -94,7 +95,7 @@ impl MphfJoinRule {
     }
 }
 
-/// Costing inputs (session options).
+/// Costing inputs (the session's `Tuning` under `mphf.costing`, see `plan::thresholds_for`).
 #[derive(Clone, Copy, Debug)]
 struct Costing {
     min_slots: u64,
@@ -524,15 +525,15 @@ impl PhysicalOptimizerRule for MphfJoinRule {
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };
-        if !cfg.enable_join {
+        let Some(t) = thresholds_for(cfg, config).filter(|_| cfg.enable_join) else {
             return Ok(plan);
-        }
+        };
         let costing = Costing {
-            min_slots: cfg.join_min_slots,
-            min_probe_rows_per_run: cfg.join_min_probe_rows_per_run,
-            yield_to_array_map: cfg.join_yield_to_array_map,
-            collect_max_partitions: cfg.join_collect_max_partitions,
-            partitioned_max_partitions: cfg.join_partitioned_max_partitions,
+            min_slots: t.join_min_slots,
+            min_probe_rows_per_run: t.join_min_probe_rows_per_run,
+            yield_to_array_map: t.join_yield_to_array_map,
+            collect_max_partitions: t.join_collect_max_partitions,
+            partitioned_max_partitions: t.join_partitioned_max_partitions,
             array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
             array_map_density: config.execution.perfect_hash_join_min_key_density,
         };

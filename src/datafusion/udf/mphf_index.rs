@@ -44,6 +44,7 @@ use ::datafusion::logical_expr::{
 
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::error::to_df;
+use crate::datafusion::plan::Tuning;
 use crate::datafusion::registry::{
     index_id_of_field, resolve_index, IndexHandle, MphfRegistry, INDEX_METADATA_KEY, SLOT_METADATA_KEY,
 };
@@ -52,7 +53,7 @@ use crate::device::Device;
 /// SQL name of the function.
 pub const MPHF_INDEX_NAME: &str = "mphf_index";
 
-/// Default of `mphf.lookup_gpu_min_rows`: smallest batch that `lookup_device = auto` sends to
+/// Default of `Tuning::lookup_gpu_min_rows`: smallest batch that `lookup_device = auto` sends to
 /// the GPU. Measured on the H200 host (benches/RESULTS-gpu.md, "mphf_index on the GPU"): one
 /// batch costs the GPU 70–150 µs end to end below 32 Ki rows and about 7 ns a row beyond, one
 /// CPU core 1–3 ns a row (table order) to 10 ns (scattered); partitions run on all cores at once
@@ -67,10 +68,11 @@ fn lookup_on_device(
     array: &dyn ::datafusion::arrow::array::Array,
     config: &::datafusion::common::config::ConfigOptions,
 ) -> Result<::datafusion::arrow::array::ArrayRef> {
-    let (device, min_rows) = match config.extensions.get::<MphfConfig>() {
-        Some(c) => (c.lookup_device, c.lookup_gpu_min_rows),
-        None => (Device::Auto, GPU_LOOKUP_MIN_ROWS),
-    };
+    let device = config
+        .extensions
+        .get::<MphfConfig>()
+        .map_or(Device::Auto, |c| c.lookup_device);
+    let min_rows = Tuning::of(config).lookup_gpu_min_rows;
     let on_gpu = match device {
         Device::Cpu => false,
         Device::Gpu => true,
