@@ -3,15 +3,15 @@
 //!
 //! Why: a query of the compact form (spec §9) spends most of its time decoding. The Double
 //! Elias–Fano scans up to a sampled position for λ and σ of the bucket, and the tree walk reads
-//! Golomb–Rice codes and skips sibling subtrees by selecting unary terminators. Measured on the
-//! 2-core machine at 10^5 string keys (ℓ = 8, b = 100, everything in cache): 72 ns per query,
-//! of which 13 ns in the Elias–Fano. The operators that query once per input row (GROUP BY and
-//! JOIN on keys without a dense table, strings above all) pay that per row. Here every bucket's
-//! first value and first descriptor are stored plainly, and the descriptors in preorder as
-//! `u32`: the walk reads `desc[i]` where the compact form decodes, and skips a run of subtrees by
-//! adding their descriptor count (`Memo::nodes`) to `i`. The hashing and the walk's decisions are
-//! the shared code of [`query`](super::query), so the values are the MPHF's by construction
-//! (the tests also compare every key).
+//! Golomb–Rice codes and skips sibling subtrees by selecting unary terminators (measurements:
+//! benches/RESULTS.md, "Where the planner's thresholds and device crossovers come from"). The
+//! operators that query once per input row (GROUP BY and JOIN on keys without a dense table,
+//! strings above all) pay that decoding per row. Here every bucket's first value and first
+//! descriptor are stored plainly, and the descriptors in preorder as `u32`: the walk reads
+//! `desc[i]` where the compact form decodes, and skips a run of subtrees by adding their
+//! descriptor count (`Memo::nodes`) to `i`. The hashing and the walk's decisions are the shared
+//! code of [`query`](super::query), so the values are the MPHF's by construction (the tests also
+//! compare every key).
 //!
 //! # Invariants
 //! - `buckets[2b]` = λ_b (first value of bucket b), `buckets[2b + 1]` = index in `desc` of its

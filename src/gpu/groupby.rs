@@ -2,9 +2,9 @@
 //! [`aggregate_cpu`], the same aggregation on all CPU cores (fallback, oracle, baseline).
 //!
 //! Why: with an MPHF the group of a row is its slot, a dense index in `0..G`, so the hash table of
-//! a GROUP BY becomes plain arrays of the right size (DogQC needed to size its global table right
-//! to go from 15 ms to 2.5 ms on TPC-H SF 1; here the size is exact by construction and there is
-//! no probing).
+//! a GROUP BY becomes plain arrays of the right size (DogQC had to size its global table right to
+//! make its GROUP BY fast, see benches/RESULTS.md, "Where the planner's thresholds and device
+//! crossovers come from"; here the size is exact by construction and there is no probing).
 //!
 //! - **Input**: slots on the device (from [`super::GpuIndex::lookup_device`]; `u32`, slots ≥ G
 //!   such as [`super::query::ABSENT32`] form one extra group G, SQL's NULL group), and value

@@ -30,15 +30,19 @@ use crate::core::{BucketSolver, Params};
 
 pub use crate::device::Device;
 
-/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10 (measured on the H200,
-/// benches/RESULTS-gpu.md: (8, 100) is 3.5–5× faster on the GPU from 10^6 keys on; the margin
-/// covers the first GPU build's context start and NVRTC compilation).
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≤ 10: from about this size on the
+/// GPU build is clearly faster than the CPU's, and the margin covers the first GPU build's
+/// context start and NVRTC compilation (measurements: benches/RESULTS.md, "Where the planner's
+/// thresholds and device crossovers come from"; benches/RESULTS-gpu.md).
 pub const AUTO_MIN_KEYS: u64 = 1 << 20;
-/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≥ 11 (the CPU needs µs per key
-/// there: (12, 2000) is 60–90× faster on the GPU).
+/// Smallest input for which `Device::Auto` picks the GPU at ℓ ≥ 11 (the CPU's cost per key is
+/// far higher at these leaf sizes, so the GPU pays off from much smaller inputs; measurements:
+/// benches/RESULTS.md, "Where the planner's thresholds and device crossovers come from").
 pub const AUTO_MIN_KEYS_LARGE_LEAF: u64 = 1 << 14;
-/// Below this ℓ `Device::Auto` stays on the CPU: at (5, 5) the GPU build is 0.7–1.0× the CPU's
-/// (host-side hashing, bucketing and encoding dominate, and they are the same on both).
+/// Below this ℓ `Device::Auto` stays on the CPU: the GPU build is no faster than the CPU's
+/// (host-side hashing, bucketing and encoding dominate, and they are the same on both;
+/// measurements: benches/RESULTS.md, "Where the planner's thresholds and device crossovers come
+/// from").
 pub const AUTO_MIN_LEAF: usize = 7;
 
 /// Whether `Device::Auto` builds `n_keys` keys with `params` on the GPU (when one is usable).

@@ -6,48 +6,39 @@
 //! requirements. It is gated on `mphf.enable_aggregate` (default true).
 //!
 //! # Decision rule (costing)
+//! The measurements behind these rules and their defaults are in benches/RESULTS.md, "Where the
+//! planner's thresholds and device crossovers come from".
+//!
 //! - Decline when the index has fewer than [`MIN_SLOTS`] slots: a hash table that small stays in
 //!   cache, DataFusion's vectorized hashing is as fast as an MPHF query, and the slot arrays buy
-//!   nothing (the `l_suppkey` shape with 10k groups at SF1 measured equal in vanilla and DuckDB).
+//!   nothing.
 //! - Decline when the input's row-count estimate ([`estimate`](super::estimate): DataFusion's,
 //!   corrected through joins on unique indexed keys and through filters over in-memory tables
 //!   by evaluating them on a sample) is known and
 //!   `input partitions × slots > rows × Tuning::aggregate_max_slot_entries_per_row` (default 4):
 //!   every input partition keeps a slot → group array of the full slot count (4 bytes a slot)
 //!   and scans it to emit its partial, so the slot arrays must not outgrow the rows by much.
-//!   Measured on GROUP BY l_orderkey (ratio 4 on 16 partitions, the 16-core host): 1.23× at
-//!   SF 1 and 1.72× at SF 10 with the operator, against 0.91× and 1.13× declined (limit 1, the
-//!   default until session 4; session 2's 0.24× at ratio 4 predates the compact group ids,
-//!   when the accumulators too had the full slot count). A `SinglePartitioned` aggregate (its
-//!   input already hash-partitioned on the key, e.g. after a partitioned join) uses
-//!   `Tuning::aggregate_max_slot_entries_per_row_partitioned` (default 1): each partition touches
-//!   a 1/P share of its slot array at random; GROUP BY l_orderkey + 3 order columns after
-//!   `lineitem ⋈ orders` measured 0.40–0.62× at ratio 4 on 16 partitions (SF 0.1–1) against
-//!   0.76–0.88× declined, and 1.89× at ratio 0.5 on 2 partitions.
+//!   A `SinglePartitioned` aggregate (its input already hash-partitioned on the key, e.g. after
+//!   a partitioned join) uses `Tuning::aggregate_max_slot_entries_per_row_partitioned`
+//!   (default 1): each partition touches a 1/P share of its slot array at random, so the arrays
+//!   cost more per row than over a scan.
 //!   This is also the rule for a filter that leaves few keys: the rows it keeps are what the
-//!   slot arrays are weighed against. TPC-H Q3 at SF 1 (date filters on orders and lineitem,
-//!   30.5K rows and 11.6K of li_ok's 1.5M keys reach the aggregate) ran 0.82–1.15× with the
-//!   operator (14 two-core processes, median ~0.97×: the slot arrays' merge and emission cost
-//!   what hashing 30K rows does); its sampled estimate (0.32M rows, ratio 9.4 on 2
-//!   partitions) now declines it.
+//!   slot arrays are weighed against (with few rows left, the slot arrays' merge and emission
+//!   cost what hashing those rows does), so the sampled estimate of a selective filter declines
+//!   the operator.
 //! - Decline when the indexed column is not clustered: fewer than
 //!   `Tuning::aggregate_min_rows_per_run` (default 2) rows per run of equal keys in table order,
 //!   measured when the index is built. The operator queries the MPHF once per run (the lookup
-//!   reuses the slot of a repeated key), at 60–80 ns per query on the 2-core machine, while
-//!   DataFusion's vectorized hashing costs 25–50 ns per row: one query per row loses
-//!   (`mphf bench groupby` at SF 1: GROUP BY o_orderkey, one row per key, 0.54×; l_partkey
-//!   0.50×), four rows per run wins (l_orderkey 1.18×). See benches/RESULTS.md. Indexes with a
-//!   dense-key table (integer keys in a narrow range, `Tuning::dense_lookup_max_bytes_per_key`)
-//!   skip this check: their lookups are one array read. So do byte keys (strings, binary) when
-//!   the index has its decoded MPHF copy ([`FlatMphf`](crate::core::flat::FlatMphf)): a verified
-//!   lookup then costs ~40 ns per row (10^5 string keys, 2 cores) against ~90 ns for
-//!   DataFusion's partial aggregation of a string key; measured at SF 1 on 2 partitions:
-//!   GROUP BY o_cname over `orders_by_name` (one row per order, 10^5 names) 1.26–1.71×, and
-//!   GROUP BY c_name after `orders ⋈ customer` 1.08–1.34× (0.59× and 0.77–0.95× before the
-//!   decoded copy), but 0.55× on 16 partitions (the H200 host), so the exemption holds only
-//!   for keys read straight from a scan, not through a join. When that scan is of an in-memory
-//!   table, the index's row slots (`core::column::row_slots`) replace the lookup by a copy:
-//!   GROUP BY o_cname 4.7–6.2× on 2 partitions, 2.8–3.0× on 16.
+//!   reuses the slot of a repeated key), and an MPHF query costs more than DataFusion's
+//!   vectorized hashing of one row: one query per row loses, a few rows per run win. Indexes
+//!   with a dense-key table (integer keys in a narrow range,
+//!   `Tuning::dense_lookup_max_bytes_per_key`) skip this check: their lookups are one array
+//!   read. So do byte keys (strings, binary) when the index has its decoded MPHF copy
+//!   ([`FlatMphf`](crate::core::flat::FlatMphf)): a verified lookup then costs less per row than
+//!   DataFusion's partial aggregation of a string key. The exemption holds only for keys read
+//!   straight from a scan, not through a join (there it loses on many partitions). When that
+//!   scan is of an in-memory table, the index's row slots (`core::column::row_slots`) replace
+//!   the lookup by a copy.
 //!
 //! - The SlotMerge form over an unclustered key with fewer than [`RANGES_BELOW_ROWS_PER_SLOT`]
 //!   estimated rows per slot and input partition runs in the range form (see
@@ -68,10 +59,8 @@
 //! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
 //! loss); in the per-partition form it keeps a slot-entries limit, the partitioned one
 //! (`Tuning::aggregate_max_slot_entries_per_row_partitioned`, default 1) whatever the mode: every
-//! partition's GPU call downloads and converts states for the whole slot range. TPC-H Q18's
-//! inner `GROUP BY l_orderkey` (a Partial aggregate under a repartition, 16 partitions × 1.5M
-//! slots for 6M rows) measured 0.41× with the GPU per partition (1.72 s of device time summed
-//! over partitions) against 1.11× on the CPU (the H200 host, SF 1).
+//! partition's GPU call downloads and converts states for the whole slot range, so many
+//! partitions over many slots lose to the CPU (measurements: benches/RESULTS.md, same section).
 //!
 //! Both thresholds are session options, so tests can force the operator on small data.
 
@@ -126,15 +115,17 @@ pub struct Costing {
     pub gpu_emulation: bool,
 }
 
-/// Default of `Tuning::aggregate_gpu_min_rows`. Measured on the H200 host against our CPU
-/// operator on its 16 cores (benches/RESULTS-gpu.md, "The GROUP BY operator and `mphf_index` on
-/// the GPU"): at 1.8·10^6 rows (SF 0.3) the GPU lost on clustered keys (0.57–0.84× of the CPU
-/// operator's speed), at 6·10^6 (SF 1) it was on par (0.92–1.52×), at 6·10^7 (SF 10) 1.4–3.4×.
+/// Default of `Tuning::aggregate_gpu_min_rows`: where, on the H200 host, the GPU placement
+/// stops losing to our CPU operator on all cores for clustered keys. Smaller inputs ran slower
+/// on the GPU, inputs of a few million rows were on par, and the GPU's lead grows with the input
+/// (measurements: benches/RESULTS.md, "Where the planner's thresholds and device crossovers come
+/// from"; benches/RESULTS-gpu.md, "The GROUP BY operator and `mphf_index` on the GPU").
 pub const GPU_MIN_ROWS: u64 = 1 << 22;
 
 /// `Device::Auto` also needs this many input rows per slot: with about one row per group
 /// (GROUP BY o_orderkey) the per-slot results and their merge cost as much as the rows, and the
-/// GPU measured 0.82–0.85× of the hash aggregation at SF 1 and 10.
+/// GPU loses to the hash aggregation (measurements: benches/RESULTS.md, "Where the planner's
+/// thresholds and device crossovers come from").
 pub const GPU_MIN_ROWS_PER_SLOT: f64 = 2.0;
 
 /// The GPU placement of `agg` (grouped by `key_pos`, an index of `slots` slots) when the
@@ -271,7 +262,7 @@ fn try_as_mphf_aggregate(
     }
     // With a dense-key table a lookup is one array read, clustered or not; slots need none.
     // Byte keys with the decoded MPHF copy cost less per row than hashing them into a table.
-    // (Read straight from a scan: after a join, 16 partitions measured 0.55× on GROUP BY c_name.)
+    // (Read straight from a scan only: after a join it loses on many partitions; benches/RESULTS.md.)
     let cheap_lookup = scan_slots.is_some()
         || reads_row_slots
         || index.dense_lookup_bytes() > 0

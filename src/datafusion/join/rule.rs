@@ -28,31 +28,29 @@
 //!   collect form; like the collect form, it is kept only when the sanity check accepts it.
 //!
 //! # Decision rule (costing)
+//! The measurements behind these rules and their defaults are in benches/RESULTS.md, "Where the
+//! planner's thresholds and device crossovers come from".
+//!
 //! - Decline when the index has fewer than `Tuning::join_min_slots` slots (default 4096): a small
 //!   hash table stays in cache and costs no more than an MPHF query.
 //! - Decline when the index has no dense-key table (string keys, sparse integers) and the probe
 //!   key is not known to be clustered: every probe row then costs an MPHF query and its
-//!   verification (≈140 ns for a string), more than DataFusion's vectorized hash probe
-//!   (`orders ⋈ customer` on `c_name` at SF 1 ran 0.51× on 2 partitions, 0.85× on 16). A probe
-//!   key that is itself an indexed column with at least `Tuning::join_min_probe_rows_per_run`
-//!   (default 2) rows per run of equal keys, measured when its index was built, is accepted:
-//!   runs share one query. So is a probe key whose own index keeps row slots, in a form whose
-//!   probe side hands the join that table's arrays (no filter, no hash repartition; see
-//!   `join::translate`): its slots are translated, not looked up
-//!   (`orders_by_name ⋈ customer` on the name at SF 1: 2.3–3.8× on 2 partitions, 1.4–1.6× on 16).
+//!   verification, more than DataFusion's vectorized hash probe. A probe key that is itself an
+//!   indexed column with at least `Tuning::join_min_probe_rows_per_run` (default 2) rows per
+//!   run of equal keys, measured when its index was built, is accepted: runs share one query.
+//!   So is a probe key whose own index keeps row slots, in a form whose probe side hands the
+//!   join that table's arrays (no filter, no hash repartition; see `join::translate`): its
+//!   slots are translated, not looked up.
 //! - Decline the one-for-one form of a `Partitioned` join beyond
 //!   `Tuning::join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
-//!   is sized by the whole index while holding 1/P of its keys, and 16 of them ran 0.59–0.65×
-//!   of DataFusion's per-partition hash tables (lineitem ⋈ orders under a `SinglePartitioned`
-//!   GROUP BY, SF 1, 16 cores). Under a `SinglePartitioned` aggregate the collect form keeps
-//!   the probe side's hash repartition instead (one shared slot table; 0.99–1.13× there).
+//!   is sized by the whole index while holding 1/P of its keys, so many of them lose to
+//!   DataFusion's per-partition hash tables. Under a `SinglePartitioned` aggregate the collect
+//!   form keeps the probe side's hash repartition instead (one shared slot table).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated from the index's keys spread over the
 //!   join's build partitions): a direct array index is cheaper than an MPHF query
-//!   (`Tuning::join_yield_to_array_map`, default true). Measured at SF 1 on 2 cores:
-//!   `orders ⋈ customer` on `c_custkey` (dense, ArrayMap per partition) ran 0.28× with the
-//!   operator.
+//!   (`Tuning::join_yield_to_array_map`, default true).
 
 use std::sync::Arc;
 
@@ -416,10 +414,11 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
 /// above it sees each group in one partition only and reduces its rows well; the plain collect
 /// form reads the probe side in its own partitions, and a partial aggregate grouping by a
 /// build-side column (`GROUP BY c_name` over `orders ⋈ customer`) then sees nearly every group
-/// in every partition (16 cores: 0.45× instead of vanilla's speed). Kept plain when the
-/// aggregate groups by the probe key and that key is clustered in its table (GROUP BY
-/// l_orderkey over lineitem ⋈ orders), whose partitions already hold disjoint key ranges, and
-/// when the aggregate has few groups (see [`few_groups`]).
+/// in every partition, which on many cores makes the query slower than vanilla (measurements:
+/// benches/RESULTS.md, "Where the planner's thresholds and device crossovers come from"). Kept
+/// plain when the aggregate groups by the probe key and that key is clustered in its table
+/// (GROUP BY l_orderkey over lineitem ⋈ orders), whose partitions already hold disjoint key
+/// ranges, and when the aggregate has few groups (see [`few_groups`]).
 fn rewrite_feeding(
     agg: &AggregateExec,
     plan: &Arc<dyn ExecutionPlan>,

@@ -54,10 +54,11 @@ use crate::device::Device;
 pub const MPHF_INDEX_NAME: &str = "mphf_index";
 
 /// Default of `Tuning::lookup_gpu_min_rows`: smallest batch that `lookup_device = auto` sends to
-/// the GPU. Measured on the H200 host (benches/RESULTS-gpu.md, "mphf_index on the GPU"): one
-/// batch costs the GPU 70–150 µs end to end below 32 Ki rows and about 7 ns a row beyond, one
-/// CPU core 1–3 ns a row (table order) to 10 ns (scattered); partitions run on all cores at once
-/// while GPU calls queue on one stream, so only batches of millions of rows can pay off.
+/// the GPU. A GPU call has a fixed end-to-end cost per batch and then a cost per row comparable
+/// to one CPU core's, and partitions run on all cores at once while GPU calls queue on one
+/// stream, so only batches of millions of rows can pay off (measurements: benches/RESULTS.md,
+/// "Where the planner's thresholds and device crossovers come from"; benches/RESULTS-gpu.md,
+/// "mphf_index on the GPU").
 pub const GPU_LOOKUP_MIN_ROWS: u64 = 1 << 22;
 
 /// Slots of `array` in `handle`'s index, on the device the session's `mphf.lookup_device`
