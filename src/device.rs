@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::core::{BucketSolver, Params};
+use crate::gpu::GpuError;
 
 /// Where a build runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -21,6 +22,8 @@ pub enum Device {
     Gpu,
 }
 
+/// Parsing keeps `String` as its error, the standard library's pattern for `FromStr` (clap and
+/// the SQL options print it as is); it is not a GPU failure.
 impl FromStr for Device {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -56,7 +59,10 @@ pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<d
         match device {
             Device::Gpu => (
                 None,
-                Some("GPU not available (built without the `cuda` feature); building on the CPU".to_string()),
+                Some(format!(
+                    "GPU not available ({}); building on the CPU",
+                    GpuError::NotBuilt
+                )),
             ),
             Device::Auto | Device::Cpu => (None, None),
         }
@@ -66,14 +72,15 @@ pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<d
 /// Whether a GPU is usable by this process (creates the shared CUDA context on first call).
 ///
 /// # Errors
-/// Why not: built without the `cuda` feature, no driver library, no device, context failure.
-pub fn gpu_usable() -> Result<(), String> {
+/// Why not: [`GpuError::NotBuilt`] without the `cuda` feature, else no driver library, no
+/// device, or a failed context (the error `gpu::GpuContext::get` caches).
+pub fn gpu_usable() -> Result<(), GpuError> {
     #[cfg(feature = "cuda")]
     {
         crate::gpu::GpuContext::get().map(|_| ())
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Err("built without the `cuda` feature".to_string())
+        Err(GpuError::NotBuilt)
     }
 }

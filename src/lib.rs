@@ -21,6 +21,14 @@ pub mod device;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+/// The GPU backend's error type only: built without the `cuda` feature, the crate still names
+/// [`gpu::GpuError`] (`device::gpu_usable`, the SQL layer's notices), so callers have one error
+/// type in both builds. With the feature, `gpu` is the whole backend (`gpu/mod.rs`).
+#[cfg(not(feature = "cuda"))]
+pub mod gpu {
+    pub mod error;
+    pub use error::GpuError;
+}
 pub mod index;
 
 pub use error::{MphfError, Result};

@@ -112,7 +112,7 @@ pub struct IndexHandle {
     translations: Mutex<HashMap<u64, KeptTranslation>>,
     /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
     #[cfg(feature = "cuda")]
-    gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, String>>,
+    gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, crate::gpu::GpuError>>,
 }
 
 /// A translation kept with an index, with the memory it holds (`None`: cannot be made).
@@ -224,7 +224,7 @@ impl IndexHandle {
     /// # Errors
     /// Why the GPU cannot hold it (no usable GPU, upload failure); the error is cached too.
     #[cfg(feature = "cuda")]
-    pub fn gpu_index(&self) -> Result<Arc<crate::gpu::GpuIndex>, String> {
+    pub fn gpu_index(&self) -> Result<Arc<crate::gpu::GpuIndex>, crate::gpu::GpuError> {
         self.gpu
             .get_or_init(|| crate::gpu::GpuIndex::new(&self.index).map(Arc::new))
             .clone()

@@ -20,7 +20,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
 
-use super::GpuContext;
+use super::{GpuContext, GpuError};
 use crate::core::build::{BucketSolver, DEFAULT_WATCHDOG};
 use crate::core::hash::{SEED_AGG1, SEED_AGG2, START_SEEDS};
 use crate::core::memo::Memo;
@@ -183,7 +183,7 @@ impl GpuSolver {
         self
     }
 
-    fn solve_inner(&self, params: &Params, keys: &[u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
+    fn solve_inner(&self, params: &Params, keys: &[u64], offsets: &[u64]) -> Result<Vec<u64>, GpuError> {
         let kernels = self.ctx.kernels(params.leaf, params.rotation)?;
         let memo = Memo::get(params.leaf);
         let nb = offsets.len() - 1;
@@ -233,21 +233,23 @@ impl GpuSolver {
         keys: &[u64],
         plan: &Plan,
         out: &mut [u64],
-    ) -> Result<(), String> {
-        fn err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
-            move |e| format!("{what}: {e}")
-        }
+    ) -> Result<(), GpuError> {
+        let err = GpuError::driver;
         let stream = &self.ctx.stream;
         let t0 = Instant::now();
-        let mut d_keys = stream.clone_htod(keys).map_err(err("copying keys to the device"))?;
+        let mut d_keys = stream
+            .clone_htod(keys)
+            .map_err(GpuError::alloc::<u64>("copying keys to the device", keys.len()))?;
         let mut d_out = stream
             .alloc_zeros::<u64>(out.len().max(1))
-            .map_err(err("allocating descriptors"))?;
-        let mut d_status = stream.alloc_zeros::<u32>(1).map_err(err("allocating status"))?;
+            .map_err(GpuError::alloc::<u64>("allocating descriptors", out.len().max(1)))?;
+        let mut d_status = stream
+            .alloc_zeros::<u32>(1)
+            .map_err(GpuError::alloc::<u32>("allocating status", 1))?;
         let watchdog = DEFAULT_WATCHDOG;
         let a1 = lower_aggr(params.leaf) as u32;
         let a2 = upper_aggr(params.leaf) as u32;
-        let stamp = |what: &str, count: usize, t: &mut Instant| -> Result<(), String> {
+        let stamp = |what: &str, count: usize, t: &mut Instant| -> Result<(), GpuError> {
             if self.profile {
                 stream.synchronize().map_err(err("synchronizing"))?;
                 eprintln!(
@@ -265,7 +267,9 @@ impl GpuSolver {
                 continue;
             }
             let count = nodes.len() as u32;
-            let d_nodes = stream.clone_htod(nodes).map_err(err("copying nodes to the device"))?;
+            let d_nodes = stream
+                .clone_htod(nodes)
+                .map_err(GpuError::alloc::<GpuNode>("copying nodes to the device", nodes.len()))?;
             let shared = plan.max_m[stage] * 8;
             // All launches below: argument lists match the kernel signatures in kernels/split.cu
             // and kernels/leaf.cu; every node's key range lies inside d_keys and every slot
@@ -322,7 +326,10 @@ impl GpuSolver {
         }
         let status = stream.clone_dtoh(&d_status).map_err(err("reading the status"))?;
         if status[0] != 0 {
-            return Err(format!("a node search passed the watchdog (status {:#x})", status[0]));
+            return Err(GpuError::Watchdog {
+                search: "node",
+                status: status[0],
+            });
         }
         if !out.is_empty() {
             stream
@@ -354,10 +361,8 @@ impl GpuSolver {
         d_out: &mut CudaSlice<u64>,
         d_status: &mut CudaSlice<u32>,
         t: &mut Instant,
-    ) -> Result<(), String> {
-        fn err(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
-            move |e| format!("{what}: {e}")
-        }
+    ) -> Result<(), GpuError> {
+        let err = GpuError::driver;
         let stream = &self.ctx.stream;
         let resident = self.ctx.resident_warps()?.max(LEAF_WARPS);
         let (first_budget, later_budget) = leaf_budgets();
@@ -365,23 +370,24 @@ impl GpuSolver {
         let watchdog = DEFAULT_WATCHDOG;
         let list_len = count as usize;
         // Work lists (16 bytes per entry: leaf, pad, resume) and the published answers.
+        let lists_err = || GpuError::alloc::<u64>("allocating leaf work lists", 2 * list_len);
         let mut lists = [
-            stream
-                .alloc_zeros::<u64>(2 * list_len)
-                .map_err(err("allocating leaf work lists"))?,
-            stream
-                .alloc_zeros::<u64>(2 * list_len)
-                .map_err(err("allocating leaf work lists"))?,
+            stream.alloc_zeros::<u64>(2 * list_len).map_err(lists_err())?,
+            stream.alloc_zeros::<u64>(2 * list_len).map_err(lists_err())?,
         ];
         let mut found = stream
             .alloc_zeros::<u64>(list_len)
-            .map_err(err("allocating leaf answers"))?;
-        let mut counters = stream.alloc_zeros::<u32>(2).map_err(err("allocating leaf counters"))?;
+            .map_err(GpuError::alloc::<u64>("allocating leaf answers", list_len))?;
+        let mut counters = stream
+            .alloc_zeros::<u32>(2)
+            .map_err(GpuError::alloc::<u32>("allocating leaf counters", 2))?;
         let mut entries = count;
         let mut pass = 0usize;
         while entries > 0 {
             if pass == MAX_LEAF_PASSES {
-                return Err(format!("the leaf search did not end after {MAX_LEAF_PASSES} passes"));
+                return Err(GpuError::LeafPasses {
+                    passes: MAX_LEAF_PASSES,
+                });
             }
             let warps_per_leaf = if pass == 0 {
                 1
@@ -445,7 +451,10 @@ impl GpuSolver {
             unsafe { l.launch(cfg) }.map_err(err("launching leaf_collect"))?;
             let status = stream.clone_dtoh(&*d_status).map_err(err("reading the status"))?;
             if status[0] != 0 {
-                return Err(format!("a leaf search passed the watchdog (status {:#x})", status[0]));
+                return Err(GpuError::Watchdog {
+                    search: "leaf",
+                    status: status[0],
+                });
             }
             let pending = stream.clone_dtoh(&counters).map_err(err("reading the leaf counters"))?[1];
             if self.profile {
@@ -522,9 +531,12 @@ impl BucketSolver for GpuSolver {
         "gpu"
     }
 
+    /// The core's solver interface is solver-agnostic and reports a failure as its message
+    /// (the builder prints it in its CPU-fallback notice), so the [`GpuError`] ends here.
     fn solve(&self, params: &Params, keys: &mut [u64], offsets: &[u64]) -> Result<Vec<u64>, String> {
         catch_unwind(AssertUnwindSafe(|| self.solve_inner(params, keys, offsets)))
-            .unwrap_or_else(|_| Err("the GPU build panicked".to_string()))
+            .unwrap_or_else(|_| Err(GpuError::panicked("the GPU build")))
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -48,7 +48,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKern
 use rayon::prelude::*;
 
 use super::staging::split_by_lens;
-use super::{kernels, GpuContext};
+use super::{kernels, GpuContext, GpuError};
 
 /// Largest distinct slots per row in the 32-row sample windows for which `Auto` combines lanes
 /// with equal slots (measured on the H200, benches/RESULTS-gpu.md).
@@ -251,19 +251,16 @@ pub struct GpuGroupBy {
     max_shared: u32,
 }
 
-fn derr(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
-    move |e| format!("{what}: {e}")
-}
-
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(format!("{what} panicked")))
+/// Runs `f`, turning a panic (cudarc panics when a CUDA library misses a symbol) into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(GpuError::panicked(what)))
 }
 
 /// The accumulator type of a column of type `dt`.
 ///
 /// # Errors
-/// Types the GPU GROUP BY does not aggregate.
-pub fn value_kind(dt: &DataType) -> Result<ValueKind, String> {
+/// [`GpuError::UnsupportedValueType`] for types the GPU GROUP BY does not aggregate.
+pub fn value_kind(dt: &DataType) -> Result<ValueKind, GpuError> {
     match dt {
         DataType::Int8
         | DataType::Int16
@@ -274,7 +271,7 @@ pub fn value_kind(dt: &DataType) -> Result<ValueKind, String> {
         | DataType::UInt32
         | DataType::Decimal128(_, _) => Ok(ValueKind::I64),
         DataType::Float32 | DataType::Float64 => Ok(ValueKind::F64),
-        other => Err(format!("GPU GROUP BY does not aggregate {other} columns")),
+        other => Err(GpuError::UnsupportedValueType(other.clone())),
     }
 }
 
@@ -313,13 +310,13 @@ fn pieces_of(parts: &[&dyn Array]) -> Vec<ArrayRef> {
 }
 
 /// Fails when the decimal parts' values could make a 64-bit sum inexact (see [`decimal_abs_sum`]).
-fn check_exact(pieces: &[ArrayRef]) -> Result<(), String> {
+fn check_exact(pieces: &[ArrayRef]) -> Result<(), GpuError> {
     let total = pieces
         .par_iter()
         .map(|p| decimal_abs_sum(p.as_ref()))
         .reduce(|| 0, u128::saturating_add);
     if total >= 1 << 63 {
-        return Err("decimal values too large for exact 64-bit sums on the GPU".to_string());
+        return Err(GpuError::DecimalOverflow);
     }
     Ok(())
 }
@@ -327,7 +324,7 @@ fn check_exact(pieces: &[ArrayRef]) -> Result<(), String> {
 /// Writes the column's values into `out` (one u64 per row) as the kernels read them: integers
 /// and decimals (already checked by [`check_exact`]) as i64, floats as f64 bits. NULL slots are
 /// widened too; the validity masks them. One core: callers parallelize over pieces.
-fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), String> {
+fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), GpuError> {
     macro_rules! map {
         ($t:ty, $f:expr) => {
             for (o, v) in out.iter_mut().zip(values.as_primitive::<$t>().values().iter()) {
@@ -336,7 +333,11 @@ fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), String> {
         };
     }
     if out.len() != values.len() {
-        return Err(format!("{} rows for {} slots", values.len(), out.len()));
+        return Err(GpuError::LengthMismatch(format!(
+            "{} rows for {} slots",
+            values.len(),
+            out.len()
+        )));
     }
     match values.data_type() {
         DataType::Int8 => map!(Int8Type, |v: i8| v as i64 as u64),
@@ -349,13 +350,13 @@ fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), String> {
         DataType::Decimal128(_, _) => map!(Decimal128Type, |v: i128| v as i64 as u64),
         DataType::Float32 => map!(Float32Type, |v: f32| (v as f64).to_bits()),
         DataType::Float64 => map!(Float64Type, |v: f64| v.to_bits()),
-        other => return Err(format!("GPU GROUP BY does not aggregate {other} columns")),
+        other => return Err(GpuError::UnsupportedValueType(other.clone())),
     }
     Ok(())
 }
 
 /// Widens `pieces` into `out` (their rows in order) on all cores.
-fn widen_pieces(pieces: &[ArrayRef], out: &mut [u64]) -> Result<(), String> {
+fn widen_pieces(pieces: &[ArrayRef], out: &mut [u64]) -> Result<(), GpuError> {
     let (outs, _) = split_by_lens(out, pieces.iter().map(|p| p.len()));
     pieces
         .par_iter()
@@ -364,7 +365,7 @@ fn widen_pieces(pieces: &[ArrayRef], out: &mut [u64]) -> Result<(), String> {
 }
 
 /// The column's values as the kernels read them, and its accumulator type.
-fn widen(values: &dyn Array) -> Result<(Vec<u64>, ValueKind), String> {
+fn widen(values: &dyn Array) -> Result<(Vec<u64>, ValueKind), GpuError> {
     let kind = value_kind(values.data_type())?;
     let pieces = pieces_of(&[values]);
     check_exact(&pieces)?;
@@ -431,7 +432,7 @@ impl GpuGroupBy {
     ///
     /// # Errors
     /// No usable GPU; `groups ≥ u32::MAX − 1`; NVRTC or module load failure.
-    pub fn new(groups: u64) -> Result<GpuGroupBy, String> {
+    pub fn new(groups: u64) -> Result<GpuGroupBy, GpuError> {
         Self::with_context(GpuContext::get()?, groups)
     }
 
@@ -439,18 +440,14 @@ impl GpuGroupBy {
     ///
     /// # Errors
     /// As [`GpuGroupBy::new`].
-    pub fn with_context(ctx: Arc<GpuContext>, groups: u64) -> Result<GpuGroupBy, String> {
+    pub fn with_context(ctx: Arc<GpuContext>, groups: u64) -> Result<GpuGroupBy, GpuError> {
         guarded("setting up the GPU GROUP BY", || {
             let groups = u32::try_from(groups)
                 .ok()
                 .filter(|&g| g < u32::MAX - 1)
-                .ok_or_else(|| format!("{groups} groups do not fit 32-bit slots"))?;
+                .ok_or_else(|| GpuError::Unsupported(format!("{groups} groups do not fit 32-bit slots")))?;
             let module = ctx.module_cached("groupby", kernels::compile_groupby)?;
-            let f = |name: &str| {
-                module
-                    .load_function(name)
-                    .map_err(|e| format!("kernel {name} missing: {e}"))
-            };
+            let f = |name: &str| module.load_function(name).map_err(GpuError::missing_kernel(name));
             let mut agg: Vec<[[CudaFunction; 2]; 2]> = Vec::new();
             for vt in ["none", "i64", "f64"] {
                 let g = |s: &str, m: &str| f(&format!("groupby_{vt}_{s}_{m}"));
@@ -460,7 +457,9 @@ impl GpuGroupBy {
                 ]);
             }
             let k = GroupByKernels {
-                agg: agg.try_into().map_err(|_| "three value kinds".to_string())?,
+                agg: agg
+                    .try_into()
+                    .map_err(|_| GpuError::Internal("three value kinds".into()))?,
                 sample: f("groupby_sample")?,
                 fill: f("fill_u64")?,
                 _module: module.clone(),
@@ -486,7 +485,7 @@ impl GpuGroupBy {
     ///
     /// # Errors
     /// Unsupported types; device allocation or copy failure.
-    pub fn upload_column(&self, values: &dyn Array) -> Result<DeviceColumn, String> {
+    pub fn upload_column(&self, values: &dyn Array) -> Result<DeviceColumn, GpuError> {
         self.upload_column_parts(&[values])
     }
 
@@ -495,11 +494,11 @@ impl GpuGroupBy {
     ///
     /// # Errors
     /// Unsupported or differing types; device allocation or copy failure.
-    pub fn upload_column_parts(&self, parts: &[&dyn Array]) -> Result<DeviceColumn, String> {
+    pub fn upload_column_parts(&self, parts: &[&dyn Array]) -> Result<DeviceColumn, GpuError> {
         guarded("uploading a value column", || {
             let dt = parts.first().map_or(&DataType::Int64, |p| p.data_type());
             if parts.iter().any(|p| p.data_type() != dt) {
-                return Err("value column parts of different types".into());
+                return Err(GpuError::Unsupported("value column parts of different types".into()));
             }
             let kind = value_kind(dt)?;
             let pieces = pieces_of(parts);
@@ -547,7 +546,7 @@ impl GpuGroupBy {
         count_star: bool,
         columns: &[(&DeviceColumn, &[AggOp])],
         opts: GroupByOptions,
-    ) -> Result<GroupByPlan, String> {
+    ) -> Result<GroupByPlan, GpuError> {
         guarded("planning the GPU GROUP BY", || {
             let rows = rows as u64;
             let widest = columns
@@ -599,17 +598,19 @@ impl GpuGroupBy {
 
     /// Distinct slots per row over up to [`SAMPLE_WINDOWS`] windows of 32 consecutive rows, and
     /// the sampled slots (u32::MAX past the end).
-    fn sample(&self, slots: &CudaSlice<u32>, rows: u64) -> Result<(f64, Vec<u32>), String> {
+    fn sample(&self, slots: &CudaSlice<u32>, rows: u64) -> Result<(f64, Vec<u32>), GpuError> {
         if rows == 0 {
             return Ok((1.0, Vec::new()));
         }
         let windows = rows.div_ceil(32).min(SAMPLE_WINDOWS);
         let step = (rows / windows).max(32);
         let stream = self.ctx.stream();
-        let mut out = stream.alloc_zeros::<u64>(2).map_err(derr("allocating the sample"))?;
+        let mut out = stream
+            .alloc_zeros::<u64>(2)
+            .map_err(GpuError::alloc::<u64>("allocating the sample", 2))?;
         let mut sampled = stream
             .alloc_zeros::<u32>(windows as usize * 32)
-            .map_err(derr("allocating the sample"))?;
+            .map_err(GpuError::alloc::<u32>("allocating the sample", windows as usize * 32))?;
         let w32 = windows as u32;
         let cfg = LaunchConfig {
             grid_dim: ((windows * 32).div_ceil(256) as u32, 1, 1),
@@ -626,9 +627,13 @@ impl GpuGroupBy {
         // SAFETY: groupby_sample(slots, rows, step, windows, out, sampled): reads
         // slots[w·step + lane] only below `rows` (≤ slots.len(), checked by the caller), writes
         // out[0..2] and sampled[0..32·windows] (its length).
-        unsafe { l.launch(cfg) }.map_err(derr("launching the sample"))?;
-        let got = stream.clone_dtoh(&out).map_err(derr("reading the sample"))?;
-        let samples = stream.clone_dtoh(&sampled).map_err(derr("reading the sample"))?;
+        unsafe { l.launch(cfg) }.map_err(GpuError::driver("launching the sample"))?;
+        let got = stream
+            .clone_dtoh(&out)
+            .map_err(GpuError::driver("reading the sample"))?;
+        let samples = stream
+            .clone_dtoh(&sampled)
+            .map_err(GpuError::driver("reading the sample"))?;
         let d = if got[1] == 0 {
             1.0
         } else {
@@ -638,11 +643,12 @@ impl GpuGroupBy {
     }
 
     /// A device array of G + 1 words filled with `v`.
-    fn filled(&self, v: u64) -> Result<CudaSlice<u64>, String> {
+    fn filled(&self, v: u64) -> Result<CudaSlice<u64>, GpuError> {
         let n = self.groups as u64 + 1;
         let stream = self.ctx.stream();
         // SAFETY: fully written by fill_u64 below before any other use (same stream).
-        let mut d = unsafe { stream.alloc::<u64>(n as usize) }.map_err(derr("allocating accumulators"))?;
+        let mut d = unsafe { stream.alloc::<u64>(n as usize) }
+            .map_err(GpuError::alloc::<u64>("allocating accumulators", n as usize))?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(256).min(4096) as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -651,7 +657,7 @@ impl GpuGroupBy {
         let mut l = stream.launch_builder(&self.k.fill);
         l.arg(&mut d).arg(&n).arg(&v);
         // SAFETY: fill_u64(p, n, v) writes p[0..n]; d has n elements.
-        unsafe { l.launch(cfg) }.map_err(derr("launching fill"))?;
+        unsafe { l.launch(cfg) }.map_err(GpuError::driver("launching fill"))?;
         Ok(d)
     }
 
@@ -668,7 +674,7 @@ impl GpuGroupBy {
         count_star: bool,
         columns: &[(&DeviceColumn, &[AggOp])],
         plan: &GroupByPlan,
-    ) -> Result<DeviceAggregates, String> {
+    ) -> Result<DeviceAggregates, GpuError> {
         guarded("the GPU GROUP BY", || {
             self.run_inner(slots, rows, count_star, columns, plan)
         })
@@ -681,12 +687,18 @@ impl GpuGroupBy {
         count_star: bool,
         columns: &[(&DeviceColumn, &[AggOp])],
         plan: &GroupByPlan,
-    ) -> Result<DeviceAggregates, String> {
+    ) -> Result<DeviceAggregates, GpuError> {
         if slots.len() < rows {
-            return Err(format!("{} slots for {rows} rows", slots.len()));
+            return Err(GpuError::LengthMismatch(format!(
+                "{} slots for {rows} rows",
+                slots.len()
+            )));
         }
         if let Some((c, _)) = columns.iter().find(|(c, _)| c.rows != rows) {
-            return Err(format!("a value column has {} rows, the slots {rows}", c.rows));
+            return Err(GpuError::LengthMismatch(format!(
+                "a value column has {} rows, the slots {rows}",
+                c.rows
+            )));
         }
         let mut rows_arr = if count_star { Some(self.filled(0)?) } else { None };
         let mut cols = Vec::with_capacity(columns.len());
@@ -719,7 +731,7 @@ impl GpuGroupBy {
             .ctx
             .stream()
             .clone_htod(&plan.hot)
-            .map_err(derr("uploading the hot slots"))?;
+            .map_err(GpuError::alloc::<u32>("uploading the hot slots", HOT_MAX))?;
         if columns.is_empty() {
             if let Some(r) = rows_arr.as_mut() {
                 self.launch(slots, rows as u64, None, OP_ROWS, Some(r), None, plan, &hot)?;
@@ -751,7 +763,7 @@ impl GpuGroupBy {
         acc: Option<&mut DeviceColAgg>,
         plan: &GroupByPlan,
         hot: &CudaSlice<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         let stream = self.ctx.stream();
         let vt = match col.map(|c| c.kind) {
             None => 0,
@@ -767,7 +779,7 @@ impl GpuGroupBy {
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     bytes as i32,
                 )
-                .map_err(derr("raising the shared memory limit"))?;
+                .map_err(GpuError::driver("raising the shared memory limit"))?;
             }
             LaunchConfig {
                 grid_dim: (self.shared_blocks(bytes), 1, 1),
@@ -833,7 +845,7 @@ impl GpuGroupBy {
         // run_inner), the validity bitmap covers the rows, every accumulator array has G + 1
         // elements (filled()), and the dynamic shared memory holds the block's G + 1 entries per
         // array as laid out in the kernel. The kernel writes only the accumulator arrays.
-        unsafe { l.launch(cfg) }.map_err(derr("launching the GROUP BY kernel"))?;
+        unsafe { l.launch(cfg) }.map_err(GpuError::driver("launching the GROUP BY kernel"))?;
         Ok(())
     }
 
@@ -849,7 +861,7 @@ impl GpuGroupBy {
         count_star: bool,
         columns: &[(&dyn Array, &[AggOp])],
         opts: GroupByOptions,
-    ) -> Result<GroupByResult, String> {
+    ) -> Result<GroupByResult, GpuError> {
         let dev: Vec<DeviceColumn> = columns
             .iter()
             .map(|(a, _)| self.upload_column(*a))
@@ -865,7 +877,7 @@ impl DeviceAggregates {
     ///
     /// # Errors
     /// Copy failures.
-    pub fn download(&self, ctx: &GpuContext) -> Result<GroupByResult, String> {
+    pub fn download(&self, ctx: &GpuContext) -> Result<GroupByResult, GpuError> {
         guarded("downloading GROUP BY results", || {
             let get = |d: &CudaSlice<u64>| ctx.download_staged(d, d.len());
             let rows = self.rows.as_ref().map(get).transpose()?;
@@ -942,13 +954,16 @@ pub fn aggregate_cpu(
     groups: u64,
     count_star: bool,
     columns: &[(&dyn Array, &[AggOp])],
-) -> Result<GroupByResult, String> {
+) -> Result<GroupByResult, GpuError> {
     let g1 = groups as usize + 1;
     let n = slots.len();
     let mut host = Vec::with_capacity(columns.len());
     for (a, aggs) in columns {
         if a.len() != n {
-            return Err(format!("a value column has {} rows, the slots {n}", a.len()));
+            return Err(GpuError::LengthMismatch(format!(
+                "a value column has {} rows, the slots {n}",
+                a.len()
+            )));
         }
         let (vals, kind) = widen(*a)?;
         host.push((vals, kind, a.logical_nulls(), ops_of(aggs)));

@@ -14,6 +14,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
+use super::GpuError;
+
 use crate::core::hash::{INT_HI_SALT, SEED_AGG1, SEED_AGG2, SEED_LEAF, START_SEEDS};
 use crate::core::params::{MAX_LEAF, MIN_LEAF};
 use crate::core::tree::{lower_aggr, upper_aggr};
@@ -115,12 +117,11 @@ pub fn query_compile_options(leaf: usize, rotation: bool, arch: &str) -> Vec<Str
     ]
 }
 
-/// Runs NVRTC on `src` with `options`; `what` names the module in errors.
-fn nvrtc(src: &str, options: Vec<String>, what: &str) -> Result<Ptx, String> {
+/// Runs NVRTC on `src` with `options`; `what` names the module in errors, `panic_what` in the
+/// error of a panic inside NVRTC.
+fn nvrtc(src: &str, options: Vec<String>, what: &str, panic_what: &str) -> Result<Ptx, GpuError> {
     if !nvrtc_available() {
-        return Err(
-            "libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into(),
-        );
+        return Err(GpuError::NvrtcMissing);
     }
     let opts = CompileOptions {
         options,
@@ -128,25 +129,33 @@ fn nvrtc(src: &str, options: Vec<String>, what: &str) -> Result<Ptx, String> {
     };
     match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(src, opts))) {
         Ok(Ok(ptx)) => Ok(ptx),
-        Ok(Err(cudarc::nvrtc::CompileError::CompileError { log, options, .. })) => Err(format!(
-            "NVRTC failed for {what} ({}): {}",
-            options.join(" "),
-            log.to_string_lossy()
-        )),
-        Ok(Err(e)) => Err(format!("NVRTC failed for {what}: {e}")),
-        Err(_) => Err(format!("NVRTC panicked while compiling {what}")),
+        Ok(Err(cudarc::nvrtc::CompileError::CompileError { log, options, .. })) => Err(GpuError::Compile {
+            module: what.to_string(),
+            options: options.join(" "),
+            log: log.to_string_lossy().into_owned(),
+        }),
+        Ok(Err(source)) => Err(GpuError::Nvrtc {
+            module: what.to_string(),
+            source,
+        }),
+        Err(_) => Err(GpuError::NvrtcPanicked {
+            module: panic_what.to_string(),
+        }),
     }
 }
 
 /// Compiles the query module for (`leaf`, `rotation`) to PTX for `arch`.
 ///
 /// # Errors
-/// A message when libnvrtc is missing or the source does not compile (with NVRTC's log).
-pub fn compile_query(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
+/// [`GpuError::NvrtcMissing`] when libnvrtc is missing, [`GpuError::Compile`] (with NVRTC's
+/// log) when the source does not compile.
+pub fn compile_query(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, GpuError> {
+    let what = format!("the query module (leaf {leaf}, rotation {rotation})");
     nvrtc(
         &query_source(),
         query_compile_options(leaf, rotation, arch),
-        &format!("the query module (leaf {leaf}, rotation {rotation})"),
+        &what,
+        &what,
     )
 }
 
@@ -154,10 +163,11 @@ pub fn compile_query(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, Str
 ///
 /// # Errors
 /// As [`compile_query`].
-pub fn compile_groupby(arch: &str) -> Result<Ptx, String> {
+pub fn compile_groupby(arch: &str) -> Result<Ptx, GpuError> {
     nvrtc(
         &groupby_source(),
         vec![format!("--gpu-architecture={arch}"), "-std=c++17".to_string()],
+        "the GROUP BY module",
         "the GROUP BY module",
     )
 }
@@ -168,13 +178,14 @@ pub fn compile_groupby(arch: &str) -> Result<Ptx, String> {
 ///
 /// # Errors
 /// The first module that fails, with NVRTC's log.
-pub fn compile_all_query_kernels_to_ptx(arch: &str) -> Result<Vec<(String, usize)>, String> {
+pub fn compile_all_query_kernels_to_ptx(arch: &str) -> Result<Vec<(String, usize)>, GpuError> {
     let mut out = Vec::new();
-    let check = |name: String, text: String, kernels: &[&str]| -> Result<(String, usize), String> {
-        for k in kernels {
-            if !text.contains(k) {
-                return Err(format!("PTX of {name} lacks kernel {k}"));
-            }
+    let check = |name: String, text: String, kernels: &[&str]| -> Result<(String, usize), GpuError> {
+        if let Some(k) = kernels.iter().find(|k| !text.contains(*k)) {
+            return Err(GpuError::MissingPtxKernel {
+                module: name,
+                kernel: k.to_string(),
+            });
         }
         Ok((name, text.len()))
     };
@@ -236,8 +247,9 @@ pub fn nvrtc_available() -> bool {
 /// variant ([`rotation_queue`]).
 ///
 /// # Errors
-/// A message when libnvrtc is missing or the source does not compile (with NVRTC's log).
-pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
+/// [`GpuError::NvrtcMissing`] when libnvrtc is missing, [`GpuError::Compile`] (with NVRTC's
+/// log) when the source does not compile.
+pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, GpuError> {
     compile_variant(leaf, rotation, rotation_queue(leaf), arch)
 }
 
@@ -245,27 +257,13 @@ pub fn compile(leaf: usize, rotation: bool, arch: &str) -> Result<Ptx, String> {
 ///
 /// # Errors
 /// As [`compile`].
-pub fn compile_variant(leaf: usize, rotation: bool, queue: bool, arch: &str) -> Result<Ptx, String> {
-    if !nvrtc_available() {
-        return Err(
-            "libnvrtc cannot be loaded (install nvidia-cuda-nvrtc and put its lib dir on LD_LIBRARY_PATH)".into(),
-        );
-    }
-    let opts = CompileOptions {
-        options: compile_options(leaf, rotation, queue, arch),
-        ..Default::default()
-    };
-    let src = module_source();
-    match catch_unwind(AssertUnwindSafe(|| compile_ptx_with_opts(&src, opts))) {
-        Ok(Ok(ptx)) => Ok(ptx),
-        Ok(Err(cudarc::nvrtc::CompileError::CompileError { log, options, .. })) => Err(format!(
-            "NVRTC failed for leaf {leaf}, rotation {rotation} ({}): {}",
-            options.join(" "),
-            log.to_string_lossy()
-        )),
-        Ok(Err(e)) => Err(format!("NVRTC failed for leaf {leaf}, rotation {rotation}: {e}")),
-        Err(_) => Err("NVRTC panicked while compiling the kernels".into()),
-    }
+pub fn compile_variant(leaf: usize, rotation: bool, queue: bool, arch: &str) -> Result<Ptx, GpuError> {
+    nvrtc(
+        &module_source(),
+        compile_options(leaf, rotation, queue, arch),
+        &format!("leaf {leaf}, rotation {rotation}"),
+        "the kernels",
+    )
 }
 
 /// Compiles every kernel variant (ℓ in 2..=24; rotation off, on with either rotation search)
@@ -274,16 +272,17 @@ pub fn compile_variant(leaf: usize, rotation: bool, queue: bool, arch: &str) -> 
 ///
 /// # Errors
 /// The first variant that fails, with NVRTC's log.
-pub fn compile_all_kernels_to_ptx(arch: &str) -> Result<Vec<(usize, bool, usize)>, String> {
+pub fn compile_all_kernels_to_ptx(arch: &str) -> Result<Vec<(usize, bool, usize)>, GpuError> {
     let mut out = Vec::new();
     for leaf in MIN_LEAF..=MAX_LEAF {
         for (rotation, queue) in [(false, false), (true, false), (true, true)] {
             let ptx = compile_variant(leaf, rotation, queue, arch)?;
             let text = ptx.to_src();
-            for name in KERNEL_NAMES {
-                if !text.contains(name) {
-                    return Err(format!("PTX for leaf {leaf}, rotation {rotation} lacks kernel {name}"));
-                }
+            if let Some(name) = KERNEL_NAMES.iter().find(|name| !text.contains(*name)) {
+                return Err(GpuError::MissingPtxKernel {
+                    module: format!("leaf {leaf}, rotation {rotation}"),
+                    kernel: name.to_string(),
+                });
             }
             out.push((leaf, rotation, text.len()));
         }

@@ -6,11 +6,12 @@
 //! CPU search finds, so the shared encoder produces identical bytes.
 //!
 //! Failure policy: no driver library, no device, a failed context, compile, launch or
-//! allocation all become `Err(String)`; the builder then builds on the CPU with a one-line
-//! notice. cudarc (with `dynamic-loading`) panics when a CUDA library is missing, so every
+//! allocation all become an `Err(`[`GpuError`]`)`; the builder then builds on the CPU with a
+//! one-line notice. cudarc (with `dynamic-loading`) panics when a CUDA library is missing, so every
 //! entry point checks for the library first and wraps the first load in `catch_unwind`.
 
 pub mod build;
+pub mod error;
 pub mod groupby;
 pub mod kernels;
 pub mod query;
@@ -23,6 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 
 pub use build::GpuSolver;
+pub use error::GpuError;
 pub use groupby::{AggOp, GpuGroupBy, GroupByResult};
 pub use query::GpuIndex;
 
@@ -104,37 +106,37 @@ impl std::fmt::Debug for GpuContext {
     }
 }
 
-static GPU: OnceLock<Result<Arc<GpuContext>, String>> = OnceLock::new();
+static GPU: OnceLock<Result<Arc<GpuContext>, GpuError>> = OnceLock::new();
 
 impl GpuContext {
     /// The shared context, created on first use.
     ///
     /// # Errors
     /// Why no GPU is usable (no libcuda, no device, context creation failed).
-    pub fn get() -> Result<Arc<GpuContext>, String> {
+    pub fn get() -> Result<Arc<GpuContext>, GpuError> {
         GPU.get_or_init(|| {
-            catch_unwind(Self::create).unwrap_or_else(|_| Err("loading the CUDA driver panicked".to_string()))
+            catch_unwind(Self::create).unwrap_or_else(|_| Err(GpuError::panicked("loading the CUDA driver")))
         })
         .clone()
     }
 
-    fn create() -> Result<Arc<GpuContext>, String> {
+    fn create() -> Result<Arc<GpuContext>, GpuError> {
         // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err("no CUDA driver library (libcuda.so) found".into());
+            return Err(GpuError::NoDriver);
         }
-        let count = CudaContext::device_count().map_err(|e| format!("cuInit/cuDeviceGetCount failed: {e}"))?;
+        let count = CudaContext::device_count().map_err(GpuError::driver("cuInit/cuDeviceGetCount failed"))?;
         if count < 1 {
-            return Err("no CUDA device found".into());
+            return Err(GpuError::NoDevice);
         }
-        let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
+        let ctx = CudaContext::new(0).map_err(GpuError::driver("cannot create a CUDA context"))?;
         let (major, minor) = ctx
             .compute_capability()
-            .map_err(|e| format!("cannot read the compute capability: {e}"))?;
+            .map_err(GpuError::driver("cannot read the compute capability"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let stream = ctx
             .new_stream()
-            .map_err(|e| format!("cannot create a CUDA stream: {e}"))?;
+            .map_err(GpuError::driver("cannot create a CUDA stream"))?;
         Ok(Arc::new(GpuContext {
             ctx,
             stream,
@@ -157,8 +159,8 @@ impl GpuContext {
     }
 
     /// Free and total device memory in bytes.
-    pub fn memory(&self) -> Result<(usize, usize), String> {
-        self.ctx.mem_get_info().map_err(|e| format!("cuMemGetInfo failed: {e}"))
+    pub fn memory(&self) -> Result<(usize, usize), GpuError> {
+        self.ctx.mem_get_info().map_err(GpuError::driver("cuMemGetInfo failed"))
     }
 
     /// A query-side module named `key`, compiled by `compile` and loaded on first use, then
@@ -169,46 +171,46 @@ impl GpuContext {
     pub(crate) fn module_cached(
         &self,
         key: &str,
-        compile: impl FnOnce(&str) -> Result<cudarc::nvrtc::Ptx, String>,
-    ) -> Result<Arc<CudaModule>, String> {
+        compile: impl FnOnce(&str) -> Result<cudarc::nvrtc::Ptx, GpuError>,
+    ) -> Result<Arc<CudaModule>, GpuError> {
         let mut map = self
             .query_modules
             .lock()
-            .map_err(|_| "kernel cache poisoned".to_string())?;
+            .map_err(|_| GpuError::Poisoned { what: "kernel cache" })?;
         if let Some(m) = map.get(key) {
             return Ok(m.clone());
         }
         let ptx = compile(&self.arch)?;
         let module = catch_unwind(AssertUnwindSafe(|| self.ctx.load_module(ptx)))
-            .map_err(|_| format!("loading the {key} module panicked"))?
-            .map_err(|e| format!("cannot load the {key} module: {e}"))?;
+            .map_err(|_| GpuError::panicked(format!("loading the {key} module")))?
+            .map_err(GpuError::driver(format!("cannot load the {key} module")))?;
         map.insert(key.to_string(), module.clone());
         Ok(module)
     }
 
     /// Number of streaming multiprocessors.
-    pub fn sm_count(&self) -> Result<u32, String> {
+    pub fn sm_count(&self) -> Result<u32, GpuError> {
         self.ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map(|v| v as u32)
-            .map_err(|e| format!("cannot read the SM count: {e}"))
+            .map_err(GpuError::driver("cannot read the SM count"))
     }
 
     /// Warps the device holds resident at once (SMs × threads per SM / 32).
-    pub fn resident_warps(&self) -> Result<u32, String> {
+    pub fn resident_warps(&self) -> Result<u32, GpuError> {
         let per_sm = self
             .ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
-            .map_err(|e| format!("cannot read the threads per SM: {e}"))?;
+            .map_err(GpuError::driver("cannot read the threads per SM"))?;
         Ok(self.sm_count()? * (per_sm.max(32) as u32 / 32))
     }
 
     /// Largest dynamic shared memory a block may opt in to, in bytes.
-    pub fn max_shared_optin(&self) -> Result<u32, String> {
+    pub fn max_shared_optin(&self) -> Result<u32, GpuError> {
         self.ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map(|v| v as u32)
-            .map_err(|e| format!("cannot read the shared memory size: {e}"))
+            .map_err(GpuError::driver("cannot read the shared memory size"))
     }
 
     /// The context's stream (all query-side work runs on it, in order).
@@ -220,20 +222,19 @@ impl GpuContext {
     ///
     /// # Errors
     /// NVRTC or module-load failures.
-    pub fn kernels(&self, leaf: usize, rotation: bool) -> Result<Arc<Kernels>, String> {
-        let mut map = self.modules.lock().map_err(|_| "kernel cache poisoned".to_string())?;
+    pub fn kernels(&self, leaf: usize, rotation: bool) -> Result<Arc<Kernels>, GpuError> {
+        let mut map = self
+            .modules
+            .lock()
+            .map_err(|_| GpuError::Poisoned { what: "kernel cache" })?;
         if let Some(k) = map.get(&(leaf, rotation)) {
             return Ok(k.clone());
         }
         let ptx = kernels::compile(leaf, rotation, &self.arch)?;
         let module = catch_unwind(AssertUnwindSafe(|| self.ctx.load_module(ptx)))
-            .map_err(|_| "loading the kernel module panicked".to_string())?
-            .map_err(|e| format!("cannot load the kernel module: {e}"))?;
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel {name} missing: {e}"))
-        };
+            .map_err(|_| GpuError::panicked("loading the kernel module"))?
+            .map_err(GpuError::driver("cannot load the kernel module"))?;
+        let f = |name: &str| module.load_function(name).map_err(GpuError::missing_kernel(name));
         let k = Arc::new(Kernels {
             split_high: f("split_high")?,
             split_agg: f("split_agg")?,

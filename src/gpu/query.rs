@@ -26,8 +26,8 @@
 //! 32-bit device form).
 //!
 //! Failure policy: every error (no GPU, NVRTC, allocation, launch, unsupported probe type) is an
-//! `Err(String)`; callers fall back to [`ColumnIndex::lookup_slots`]. Panics inside cudarc are
-//! caught.
+//! `Err(`[`GpuError`]`)`; callers fall back to [`ColumnIndex::lookup_slots`]. Panics inside
+//! cudarc are caught.
 //!
 //! References: spec §2.5, §8.4, §9; Eirene (`../shared/seeds/001_*`) for request combining.
 
@@ -41,7 +41,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConf
 use rayon::prelude::*;
 
 use super::staging::split_by_lens;
-use super::{kernels, GpuContext};
+use super::{kernels, GpuContext, GpuError};
 use crate::core::column::keys::{cast_probe_exact, probe_castable};
 use crate::core::column::{ColumnIndex, KeyType, ABSENT};
 use crate::core::hash::{hash_bytes, int_hash_seeds};
@@ -206,13 +206,9 @@ impl std::fmt::Debug for GpuIndex {
     }
 }
 
-fn derr(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> String {
-    move |e| format!("{what}: {e}")
-}
-
 /// Runs `f`, turning a panic (cudarc panics when a CUDA library misses a symbol) into an error.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(format!("{what} panicked")))
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(GpuError::panicked(what)))
 }
 
 /// The kind code of an integer key type (bytes per key, | 16 when signed), `None` for byte keys.
@@ -231,16 +227,16 @@ fn int_kind(kt: &KeyType) -> Option<u32> {
 }
 
 /// The raw little-endian values of a primitive array (its offset applied), sharing its buffer.
-fn raw_values(arr: &dyn Array, width: usize) -> Result<Buffer, String> {
+fn raw_values(arr: &dyn Array, width: usize) -> Result<Buffer, GpuError> {
     let data = arr.to_data();
     let buf = data
         .buffers()
         .first()
-        .ok_or_else(|| "primitive array without a values buffer".to_string())?;
+        .ok_or(GpuError::MalformedArray("primitive array without a values buffer"))?;
     let start = data.offset() * width;
     let len = arr.len() * width;
     if start + len > buf.len() {
-        return Err("values buffer shorter than the array".into());
+        return Err(GpuError::MalformedArray("values buffer shorter than the array"));
     }
     Ok(buf.slice_with_length(start, len))
 }
@@ -278,7 +274,7 @@ fn sample_run_rate(raw: &[u8], kind: u32, rows: usize) -> f64 {
 }
 
 /// Byte rows of a string/binary array, as `(offsets (rows + 1), bytes)`.
-fn pack_bytes(arr: &dyn Array) -> Result<(Vec<u64>, Vec<u8>), String> {
+fn pack_bytes(arr: &dyn Array) -> Result<(Vec<u64>, Vec<u8>), GpuError> {
     fn pack<'a>(rows: usize, at: impl Fn(usize) -> &'a [u8]) -> (Vec<u64>, Vec<u8>) {
         let mut offsets = Vec::with_capacity(rows + 1);
         let mut data = Vec::new();
@@ -316,12 +312,12 @@ fn pack_bytes(arr: &dyn Array) -> Result<(Vec<u64>, Vec<u8>), String> {
             let a = arr.as_binary_view();
             pack(n, |i| a.value(i))
         }
-        other => return Err(format!("not a byte key type: {other}")),
+        other => return Err(GpuError::Internal(format!("not a byte key type: {other}"))),
     })
 }
 
 /// Packs the memo tables of ℓ as `τ | nodes << 5 | skip << 17` (see the module docs).
-fn packed_memo(leaf: usize) -> Result<Vec<u32>, String> {
+fn packed_memo(leaf: usize) -> Result<Vec<u32>, GpuError> {
     let m = Memo::get(leaf);
     (0..m.tau.len())
         .map(|i| {
@@ -329,9 +325,9 @@ fn packed_memo(leaf: usize) -> Result<Vec<u32>, String> {
             if t < 32 && n < 4096 && s < 8192 {
                 Ok(t | n << 5 | s << 17)
             } else {
-                Err(format!(
+                Err(GpuError::Internal(format!(
                     "memo entry {i} of ℓ={leaf} does not pack: τ {t}, nodes {n}, skip {s}"
-                ))
+                )))
             }
         })
         .collect()
@@ -363,7 +359,7 @@ impl GpuIndex {
     ///
     /// # Errors
     /// No usable GPU, NVRTC or module load failure, device allocation or copy failure.
-    pub fn new(index: &ColumnIndex) -> Result<GpuIndex, String> {
+    pub fn new(index: &ColumnIndex) -> Result<GpuIndex, GpuError> {
         Self::with_context(GpuContext::get()?, index)
     }
 
@@ -371,22 +367,18 @@ impl GpuIndex {
     ///
     /// # Errors
     /// As [`GpuIndex::new`].
-    pub fn with_context(ctx: Arc<GpuContext>, index: &ColumnIndex) -> Result<GpuIndex, String> {
+    pub fn with_context(ctx: Arc<GpuContext>, index: &ColumnIndex) -> Result<GpuIndex, GpuError> {
         guarded("uploading the index", || Self::new_inner(ctx, index))
     }
 
-    fn new_inner(ctx: Arc<GpuContext>, index: &ColumnIndex) -> Result<GpuIndex, String> {
+    fn new_inner(ctx: Arc<GpuContext>, index: &ColumnIndex) -> Result<GpuIndex, GpuError> {
         let mphf = index.mphf();
         let params = mphf.params();
         let (leaf, rotation) = (params.leaf, params.rotation);
         let module = ctx.module_cached(&format!("query-{leaf}-{}", rotation as u8), |arch| {
             kernels::compile_query(leaf, rotation, arch)
         })?;
-        let f = |name: &str| {
-            module
-                .load_function(name)
-                .map_err(|e| format!("kernel {name} missing: {e}"))
-        };
+        let f = |name: &str| module.load_function(name).map_err(GpuError::missing_kernel(name));
         let k = QueryKernels {
             int_u32: f("lookup_int_u32")?,
             int_u64: f("lookup_int_u64")?,
@@ -398,10 +390,10 @@ impl GpuIndex {
         };
         let stream = ctx.stream().clone();
         // Empty arrays are uploaded as one zero word: no zero-length device allocations.
-        let up = |w: &[u64], what: &'static str| -> Result<CudaSlice<u64>, String> {
+        let up = |w: &[u64], what: &'static str| -> Result<CudaSlice<u64>, GpuError> {
             stream
                 .clone_htod(if w.is_empty() { &[0u64][..] } else { w })
-                .map_err(derr(what))
+                .map_err(GpuError::alloc::<u64>(what, w.len().max(1)))
         };
         let ef = mphf.ef.parts();
         let rice = up(&mphf.rice.words, "uploading the Rice bits")?;
@@ -412,7 +404,7 @@ impl GpuIndex {
         let memo_host = packed_memo(leaf)?;
         let memo = stream
             .clone_htod(&memo_host)
-            .map_err(derr("uploading the memo tables"))?;
+            .map_err(GpuError::alloc::<u32>("uploading the memo tables", memo_host.len()))?;
         let key_type = index.key_type().clone();
         let len = index.len();
         let (keys, key_bytes) = match int_kind(&key_type) {
@@ -428,7 +420,9 @@ impl GpuIndex {
                     data.push(0);
                 }
                 let offsets = up(&offsets, "uploading the key offsets")?;
-                let data = stream.clone_htod(&data).map_err(derr("uploading the key bytes"))?;
+                let data = stream
+                    .clone_htod(&data)
+                    .map_err(GpuError::alloc::<u8>("uploading the key bytes", data.len()))?;
                 (DeviceKeys::Bytes { offsets, data }, bytes)
             }
         };
@@ -488,20 +482,20 @@ impl GpuIndex {
     }
 
     /// The probe cast to the key type (as [`ColumnIndex::lookup_slots`] does).
-    fn cast(&self, probe: &dyn Array) -> Result<Option<ArrayRef>, String> {
+    fn cast(&self, probe: &dyn Array) -> Result<Option<ArrayRef>, GpuError> {
         let dt = self.key_type.to_arrow();
         if probe.data_type() == &dt {
             return Ok(None);
         }
         if !probe_castable(probe.data_type(), &dt) {
-            return Err(format!(
-                "probe type {} cannot be looked up in an index of type {dt}",
-                probe.data_type()
-            ));
+            return Err(GpuError::ProbeType {
+                probe: probe.data_type().clone(),
+                index: dt,
+            });
         }
         cast_probe_exact(probe, &dt)
             .map(Some)
-            .map_err(|e| format!("casting the probe: {e}"))
+            .map_err(GpuError::arrow("casting the probe"))
     }
 
     /// Uploads a probe column (cast to the key type; byte keys hashed here on all cores).
@@ -509,7 +503,7 @@ impl GpuIndex {
     /// # Errors
     /// A probe type that cannot hold keys of the index's type; device allocation or copy
     /// failures.
-    pub fn upload(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
+    pub fn upload(&self, probe: &dyn Array) -> Result<DeviceProbe, GpuError> {
         self.upload_parts(&[probe])
     }
 
@@ -519,11 +513,11 @@ impl GpuIndex {
     ///
     /// # Errors
     /// As [`GpuIndex::upload`].
-    pub fn upload_parts(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, String> {
+    pub fn upload_parts(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, GpuError> {
         guarded("uploading the probe", || self.upload_inner(parts))
     }
 
-    fn upload_inner(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, String> {
+    fn upload_inner(&self, parts: &[&dyn Array]) -> Result<DeviceProbe, GpuError> {
         let casts = parts.iter().map(|p| self.cast(*p)).collect::<Result<Vec<_>, _>>()?;
         let parts: Vec<&dyn Array> = parts
             .iter()
@@ -534,7 +528,7 @@ impl GpuIndex {
             let refs: Vec<&dyn Array> = parts.to_vec();
             let one = match refs.as_slice() {
                 [_] => None,
-                _ => Some(arrow::compute::concat(&refs).map_err(|e| format!("concatenating the probe: {e}"))?),
+                _ => Some(arrow::compute::concat(&refs).map_err(GpuError::arrow("concatenating the probe"))?),
             };
             return self.upload_bytes(one.as_deref().unwrap_or(parts[0]));
         };
@@ -572,7 +566,7 @@ impl GpuIndex {
     }
 
     /// Uploads a byte-key probe: hashed on all cores here, verified on the device.
-    fn upload_bytes(&self, probe: &dyn Array) -> Result<DeviceProbe, String> {
+    fn upload_bytes(&self, probe: &dyn Array) -> Result<DeviceProbe, GpuError> {
         let stream = self.ctx.stream();
         let rows = probe.len();
         let valid = self.ctx.upload_validity(&[probe])?;
@@ -592,9 +586,15 @@ impl GpuIndex {
         if bytes.is_empty() {
             bytes.push(0);
         }
-        let hashes = stream.clone_htod(&hashes).map_err(derr("uploading the hashes"))?;
-        let offsets = stream.clone_htod(&offsets).map_err(derr("uploading the offsets"))?;
-        let data = stream.clone_htod(&bytes).map_err(derr("uploading the probe bytes"))?;
+        let hashes = stream
+            .clone_htod(&hashes)
+            .map_err(GpuError::alloc::<u64>("uploading the hashes", hashes.len()))?;
+        let offsets = stream
+            .clone_htod(&offsets)
+            .map_err(GpuError::alloc::<u64>("uploading the offsets", offsets.len()))?;
+        let data = stream
+            .clone_htod(&bytes)
+            .map_err(GpuError::alloc::<u8>("uploading the probe bytes", bytes.len()))?;
         Ok(DeviceProbe {
             rows,
             data: ProbeData::Bytes { hashes, offsets, data },
@@ -624,9 +624,12 @@ impl GpuIndex {
         probe: &DeviceProbe,
         combine: Combine,
         out: &mut CudaSlice<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         if self.params.len >= u32::MAX as u64 {
-            return Err(format!("{} slots do not fit the 32-bit device slots", self.params.len));
+            return Err(GpuError::Unsupported(format!(
+                "{} slots do not fit the 32-bit device slots",
+                self.params.len
+            )));
         }
         guarded("the GPU lookup", || self.launch(probe, combine, out))
     }
@@ -635,10 +638,11 @@ impl GpuIndex {
     ///
     /// # Errors
     /// As [`GpuIndex::lookup_device_into`].
-    pub fn lookup_device(&self, probe: &DeviceProbe, combine: Combine) -> Result<CudaSlice<u32>, String> {
+    pub fn lookup_device(&self, probe: &DeviceProbe, combine: Combine) -> Result<CudaSlice<u32>, GpuError> {
         // SAFETY: every element is written by the lookup kernel before anyone reads it (one
         // thread per row, or every row of every tile in the runs kernel).
-        let mut out = unsafe { self.ctx.stream().alloc::<u32>(probe.rows.max(1)) }.map_err(derr("allocating slots"))?;
+        let mut out = unsafe { self.ctx.stream().alloc::<u32>(probe.rows.max(1)) }
+            .map_err(GpuError::alloc::<u32>("allocating slots", probe.rows.max(1)))?;
         self.lookup_device_into(probe, combine, &mut out)?;
         Ok(out)
     }
@@ -648,7 +652,7 @@ impl GpuIndex {
     ///
     /// # Errors
     /// As [`GpuIndex::upload`] and [`GpuIndex::lookup_device_into`].
-    pub fn lookup_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> Result<(), String> {
+    pub fn lookup_slots(&self, probe: &dyn Array, out: &mut Vec<u64>) -> Result<(), GpuError> {
         guarded("the GPU lookup", || {
             let p = self.upload_inner(&[probe])?;
             out.clear();
@@ -658,12 +662,13 @@ impl GpuIndex {
             }
             let stream = self.ctx.stream();
             // SAFETY: every element is written by the kernel before it is copied back.
-            let mut d = unsafe { stream.alloc::<u64>(p.rows) }.map_err(derr("allocating slots"))?;
+            let mut d =
+                unsafe { stream.alloc::<u64>(p.rows) }.map_err(GpuError::alloc::<u64>("allocating slots", p.rows))?;
             self.launch(&p, Combine::Auto, &mut d)?;
             stream
                 .memcpy_dtoh(&d, out.as_mut_slice())
-                .map_err(derr("copying slots back"))?;
-            stream.synchronize().map_err(derr("synchronizing"))
+                .map_err(GpuError::driver("copying slots back"))?;
+            stream.synchronize().map_err(GpuError::driver("synchronizing"))
         })
     }
 
@@ -672,7 +677,7 @@ impl GpuIndex {
     ///
     /// # Errors
     /// As [`GpuIndex::lookup_slots`].
-    pub fn lookup(&self, probe: &dyn Array) -> Result<ArrayRef, String> {
+    pub fn lookup(&self, probe: &dyn Array) -> Result<ArrayRef, GpuError> {
         let mut slots = Vec::new();
         self.lookup_slots(probe, &mut slots)?;
         let valid = BooleanBuffer::collect_bool(slots.len(), |i| slots[i] != ABSENT);
@@ -692,11 +697,14 @@ impl GpuIndex {
         probe: &DeviceProbe,
         combine: Combine,
         out: &mut CudaSlice<S>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         let wide = S::WIDE;
         let rows = probe.rows as u64;
         if out.len() < probe.rows {
-            return Err(format!("slot buffer of {} for {rows} rows", out.len()));
+            return Err(GpuError::LengthMismatch(format!(
+                "slot buffer of {} for {rows} rows",
+                out.len()
+            )));
         }
         if rows == 0 {
             return Ok(());
@@ -728,7 +736,7 @@ impl GpuIndex {
                 LaunchConfig {
                     grid_dim: (
                         u32::try_from(rows.div_ceil(THREADS as u64))
-                            .map_err(|_| format!("{rows} rows exceed one launch"))?,
+                            .map_err(|_| GpuError::Unsupported(format!("{rows} rows exceed one launch")))?,
                         1,
                         1,
                     ),
@@ -755,7 +763,7 @@ impl GpuIndex {
             (ProbeData::Bytes { hashes, offsets, data }, DeviceKeys::Bytes { offsets: ko, data: kd }) => {
                 l.arg(ko).arg(kd).arg(hashes).arg(offsets).arg(data);
             }
-            _ => return Err("probe and index key kinds differ".into()),
+            _ => return Err(GpuError::Internal("probe and index key kinds differ".into())),
         }
         match &probe.valid {
             Some((v, _)) if has_valid => l.arg(v),
@@ -771,7 +779,7 @@ impl GpuIndex {
         // `rows` values (`rows + 1` offsets, 2·rows hashes), the validity bitmap covers bits
         // `valid_off .. valid_off + rows`, and `out` has at least `rows` elements of the
         // kernel's slot width (the kernel is chosen by `S::WIDE`). The kernel writes only `out`.
-        unsafe { l.launch(cfg) }.map_err(derr("launching the lookup kernel"))?;
+        unsafe { l.launch(cfg) }.map_err(GpuError::driver("launching the lookup kernel"))?;
         Ok(())
     }
 }

@@ -17,7 +17,7 @@ use cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use rayon::prelude::*;
 
-use super::GpuContext;
+use super::{GpuContext, GpuError};
 
 /// The staging buffers of one context.
 #[derive(Default)]
@@ -29,7 +29,7 @@ pub(crate) struct Staging {
 }
 
 /// Ensures `slot` holds a pinned buffer of at least `words` u64 (grown to a power of two).
-fn ensure(ctx: &GpuContext, slot: &mut Option<PinnedHostSlice<u64>>, words: usize, flags: u32) -> Result<(), String> {
+fn ensure(ctx: &GpuContext, slot: &mut Option<PinnedHostSlice<u64>>, words: usize, flags: u32) -> Result<(), GpuError> {
     if slot.as_ref().is_some_and(|b| b.len() >= words) {
         return Ok(());
     }
@@ -37,10 +37,17 @@ fn ensure(ctx: &GpuContext, slot: &mut Option<PinnedHostSlice<u64>>, words: usiz
     let len = words.max(1 << 16).next_power_of_two();
     // SAFETY: the memory is uninitialized; every user writes the words it copies (uploads) or
     // has them written by the device (downloads) before reading them.
-    let buffer = unsafe { ctx.ctx.alloc_pinned_with_flags::<u64>(len, flags) }
-        .map_err(|e| format!("allocating {} MiB of pinned host memory: {e}", (len * 8) >> 20))?;
+    let buffer = unsafe { ctx.ctx.alloc_pinned_with_flags::<u64>(len, flags) }.map_err(GpuError::driver(format!(
+        "allocating {} MiB of pinned host memory",
+        (len * 8) >> 20
+    )))?;
     *slot = Some(buffer);
     Ok(())
+}
+
+/// The error of a staging slot left empty after [`ensure`] filled it (cannot happen).
+fn no_buffer() -> GpuError {
+    GpuError::Internal("no staging buffer".into())
 }
 
 /// `out` cut into consecutive pieces of `lens` elements, and what is left after them (for the
@@ -62,7 +69,7 @@ impl GpuContext {
     ///
     /// # Errors
     /// Device allocation or copy failures.
-    pub(crate) fn upload_validity(&self, parts: &[&dyn Array]) -> Result<Option<(CudaSlice<u8>, u64)>, String> {
+    pub(crate) fn upload_validity(&self, parts: &[&dyn Array]) -> Result<Option<(CudaSlice<u8>, u64)>, GpuError> {
         if parts.iter().all(|p| p.logical_null_count() == 0) {
             return Ok(None);
         }
@@ -74,10 +81,11 @@ impl GpuContext {
                 None => bits.append_n(p.len(), true),
             }
         }
+        let bits = bits.finish();
         let device = self
             .stream
-            .clone_htod(bits.finish().values())
-            .map_err(|e| format!("uploading the validity: {e}"))?;
+            .clone_htod(bits.values())
+            .map_err(GpuError::alloc::<u8>("uploading the validity", bits.values().len()))?;
         Ok(Some((device, 0)))
     }
 
@@ -89,30 +97,31 @@ impl GpuContext {
     pub(crate) fn upload_staged(
         &self,
         words: usize,
-        fill: impl FnOnce(&mut [u64]) -> Result<(), String>,
-    ) -> Result<CudaSlice<u64>, String> {
+        fill: impl FnOnce(&mut [u64]) -> Result<(), GpuError>,
+    ) -> Result<CudaSlice<u64>, GpuError> {
         let mut guard = self
             .staging
             .upload
             .lock()
-            .map_err(|_| "staging buffer poisoned".to_string())?;
+            .map_err(|_| GpuError::Poisoned { what: "staging buffer" })?;
         ensure(self, &mut guard, words, CU_MEMHOSTALLOC_WRITECOMBINED)?;
-        let buffer = guard.as_mut().ok_or("no staging buffer")?;
+        let buffer = guard.as_mut().ok_or_else(no_buffer)?;
         let host = &mut buffer
             .as_mut_slice()
-            .map_err(|e| format!("waiting for the staging buffer: {e}"))?[..words];
+            .map_err(GpuError::driver("waiting for the staging buffer"))?[..words];
         fill(host)?;
         // SAFETY: every element is written by the copy below before any kernel reads it.
-        let mut device = unsafe { self.stream.alloc::<u64>(words.max(1)) }.map_err(|e| format!("allocating: {e}"))?;
+        let mut device = unsafe { self.stream.alloc::<u64>(words.max(1)) }
+            .map_err(GpuError::alloc::<u64>("allocating", words.max(1)))?;
         if words > 0 {
             // The slice lies in pinned memory, so the driver copies it by DMA asynchronously;
             // the synchronization keeps the buffer untouched until the copy is done.
             self.stream
                 .memcpy_htod(&*host, &mut device)
-                .map_err(|e| format!("copying to the device: {e}"))?;
+                .map_err(GpuError::driver("copying to the device"))?;
             self.stream
                 .synchronize()
-                .map_err(|e| format!("synchronizing the upload: {e}"))?;
+                .map_err(GpuError::driver("synchronizing the upload"))?;
         }
         Ok(device)
     }
@@ -121,24 +130,24 @@ impl GpuContext {
     ///
     /// # Errors
     /// Pinned allocation, copy or synchronization failures.
-    pub(crate) fn download_staged(&self, device: &CudaSlice<u64>, words: usize) -> Result<Vec<u64>, String> {
+    pub(crate) fn download_staged(&self, device: &CudaSlice<u64>, words: usize) -> Result<Vec<u64>, GpuError> {
         let words = words.min(device.len());
         let mut guard = self
             .staging
             .download
             .lock()
-            .map_err(|_| "staging buffer poisoned".to_string())?;
+            .map_err(|_| GpuError::Poisoned { what: "staging buffer" })?;
         ensure(self, &mut guard, words, 0)?;
-        let buffer = guard.as_mut().ok_or("no staging buffer")?;
+        let buffer = guard.as_mut().ok_or_else(no_buffer)?;
         let host = &mut buffer
             .as_mut_slice()
-            .map_err(|e| format!("waiting for the staging buffer: {e}"))?[..words];
+            .map_err(GpuError::driver("waiting for the staging buffer"))?[..words];
         self.stream
             .memcpy_dtoh(&device.slice(..words), &mut *host)
-            .map_err(|e| format!("copying from the device: {e}"))?;
+            .map_err(GpuError::driver("copying from the device"))?;
         self.stream
             .synchronize()
-            .map_err(|e| format!("synchronizing the download: {e}"))?;
+            .map_err(GpuError::driver("synchronizing the download"))?;
         Ok(host.par_iter().copied().collect())
     }
 }

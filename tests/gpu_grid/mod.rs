@@ -76,7 +76,7 @@ pub fn check_one(solver: &Arc<dyn BucketSolver>, params: Params, keys: &[u64]) -
 /// Chunked solving (many device round trips) gives the same bytes: a few configurations with
 /// chunks of `chunk` keys. Returns (points checked, failures).
 pub fn run_chunked(chunk: u64) -> Result<(usize, Vec<String>), String> {
-    let ctx = GpuContext::get()?;
+    let ctx = GpuContext::get().map_err(|e| e.to_string())?;
     let solver: Arc<dyn BucketSolver> = Arc::new(GpuSolver::new(ctx).with_chunk_keys(chunk));
     let mut checked = 0;
     let mut failures = Vec::new();
@@ -100,7 +100,7 @@ pub fn run_chunked(chunk: u64) -> Result<(usize, Vec<String>), String> {
 
 /// Runs the grid with leaf-work `budget` per configuration; returns (points checked, failures).
 pub fn run_grid(budget: f64, max_n: usize, verbose: bool) -> Result<(usize, Vec<String>), String> {
-    let ctx = GpuContext::get()?;
+    let ctx = GpuContext::get().map_err(|e| e.to_string())?;
     let solver: Arc<dyn BucketSolver> = Arc::new(GpuSolver::new(ctx));
     let ns = [
         1usize, 2, 3, 5, 8, 13, 24, 50, 101, 1000, 2999, 10_000, 100_000, 1_000_000, 10_000_000,

@@ -23,7 +23,8 @@
 //!   (the NULL group). If any non-NULL key is absent from the index (a stale index), the GPU
 //!   result is dropped and the caller aggregates the whole input on the CPU, so every distinct
 //!   key still forms exactly one group.
-//! - A GPU failure is `Err(String)`: the caller prints one notice and aggregates on the CPU.
+//! - A GPU failure is an `Err` (a [`GpuError`] as `DataFusionError::External`, or an error
+//!   evaluating the input): the caller prints one notice and aggregates on the CPU.
 //! - One GPU aggregation at a time per process (they share the context's stream).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,17 +37,18 @@ use ::datafusion::arrow::array::{
 use ::datafusion::arrow::buffer::NullBuffer;
 use ::datafusion::arrow::compute::{cast, concat, filter_record_batch, is_null};
 use ::datafusion::arrow::datatypes::DataType;
-use ::datafusion::common::Result;
+use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use ::datafusion::physical_expr::expressions::Literal;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
 use super::groups::{SlotGroups, SlotMetrics};
+use crate::datafusion::error::gpu_to_df;
 use crate::datafusion::registry::IndexHandle;
 use crate::gpu::groupby::{aggregate_cpu, value_kind, ColumnResult, GroupByOptions, GroupByResult, ValueKind, Values};
 use crate::gpu::query::Combine;
-use crate::gpu::{AggOp, GpuGroupBy};
+use crate::gpu::{AggOp, GpuError, GpuGroupBy};
 use rayon::prelude::*;
 
 /// Serializes GPU aggregations (one stream per process).
@@ -134,11 +136,13 @@ fn state_type_fits(q: Quantity, dt: &DataType, integer: bool) -> bool {
 }
 
 impl GpuAggregation {
-    /// The GPU form of `agg` grouped by its group expression `key_pos`, or why it has none.
-    pub fn try_new(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Self, String> {
+    /// The GPU form of `agg` grouped by its group expression `key_pos`, or why it has none
+    /// ([`GpuError::Unsupported`]; an error of DataFusion's while looking at the aggregates is
+    /// such a reason too: the aggregate then stays on the CPU, which reports it).
+    pub fn try_new(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Self, GpuError> {
         let groups = agg.group_expr().expr();
         if groups.len() != 1 {
-            return Err("several group columns".into());
+            return Err(unsupported("several group columns"));
         }
         let key = Arc::clone(&groups[key_pos].0);
         let schema = agg.input_schema();
@@ -160,16 +164,16 @@ impl GpuAggregation {
         a: &AggregateFunctionExpr,
         schema: &::datafusion::arrow::datatypes::Schema,
         columns: &mut Vec<(Arc<dyn PhysicalExpr>, Vec<AggOp>)>,
-    ) -> std::result::Result<GpuAggregate, String> {
+    ) -> std::result::Result<GpuAggregate, GpuError> {
         let name = a.fun().name().to_ascii_lowercase();
         if a.is_distinct() {
-            return Err(format!("{name}(DISTINCT ...)"));
+            return Err(unsupported(format!("{name}(DISTINCT ...)")));
         }
         let [arg] = a
             .expressions()
             .try_into()
-            .map_err(|_| format!("{name} with several arguments"))?;
-        let state_fields = a.state_fields().map_err(|e| e.to_string())?;
+            .map_err(|_| unsupported(format!("{name} with several arguments")))?;
+        let state_fields = a.state_fields().map_err(unsupported)?;
         let literal = arg.downcast_ref::<Literal>().map(|l| !l.value().is_null());
         let (quantities, op): (Vec<Quantity>, Option<AggOp>) = match (name.as_str(), literal) {
             ("count", Some(true)) => (vec![Quantity::Rows], None),
@@ -178,22 +182,26 @@ impl GpuAggregation {
             ("min", None) => (vec![Quantity::Min], Some(AggOp::Min)),
             ("max", None) => (vec![Quantity::Max], Some(AggOp::Max)),
             ("avg", None) => (vec![Quantity::AvgCount, Quantity::Sum], Some(AggOp::Avg)),
-            _ => return Err(format!("aggregate {}", a.name())),
+            _ => return Err(unsupported(format!("aggregate {}", a.name()))),
         };
         if quantities.len() != state_fields.len() {
-            return Err(format!("{} has {} state fields", a.name(), state_fields.len()));
+            return Err(unsupported(format!(
+                "{} has {} state fields",
+                a.name(),
+                state_fields.len()
+            )));
         }
         let integer = match op {
             None => true,
             Some(_) => {
-                let dt = arg.data_type(schema).map_err(|e| e.to_string())?;
-                integer_kind(&dt).ok_or_else(|| format!("{} over {dt}", a.name()))?
+                let dt = arg.data_type(schema).map_err(unsupported)?;
+                integer_kind(&dt).ok_or_else(|| unsupported(format!("{} over {dt}", a.name())))?
             }
         };
         let mut states = Vec::with_capacity(quantities.len());
         for (q, f) in quantities.into_iter().zip(&state_fields) {
             if !state_type_fits(q, f.data_type(), integer) {
-                return Err(format!("{} with a {} state", a.name(), f.data_type()));
+                return Err(unsupported(format!("{} with a {} state", a.name(), f.data_type())));
             }
             states.push((q, f.data_type().clone()));
         }
@@ -232,19 +240,14 @@ impl GpuAggregation {
     }
 
     /// Looks up and aggregates `batches` on the GPU. `Ok(None)`: some non-NULL key is not in
-    /// the index (aggregate on the CPU instead). `Err`: the GPU failed.
-    pub(super) fn run(
-        &self,
-        index: &IndexHandle,
-        batches: &[RecordBatch],
-    ) -> std::result::Result<Option<SlotStates>, String> {
-        let df = |e: ::datafusion::common::DataFusionError| e.to_string();
-        let evaluate = |expr: &Arc<dyn PhysicalExpr>| -> std::result::Result<Vec<ArrayRef>, String> {
+    /// the index (aggregate on the CPU instead). `Err`: the GPU path failed (see the module
+    /// docs); the caller aggregates on the CPU with [`notice_cpu_fallback`].
+    pub(super) fn run(&self, index: &IndexHandle, batches: &[RecordBatch]) -> Result<Option<SlotStates>> {
+        let evaluate = |expr: &Arc<dyn PhysicalExpr>| -> Result<Vec<ArrayRef>> {
             batches
                 .iter()
                 .map(|b| expr.evaluate(b).and_then(|v| v.into_array(b.num_rows())))
-                .collect::<Result<Vec<_>>>()
-                .map_err(df)
+                .collect()
         };
         let started = Instant::now();
         let keys = evaluate(&self.key)?;
@@ -263,16 +266,19 @@ impl GpuAggregation {
             .columns
             .iter()
             .map(|(e, _)| evaluate(e))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let n_slots = index.index().len();
         let prepared = Instant::now();
         let result = if self.emulate {
             emulate(index, &keys, &values, &self.columns)?
         } else {
-            on_device(index, &keys, &values, &self.columns)?
+            on_device(index, &keys, &values, &self.columns).map_err(gpu_to_df)?
         };
         let computed = Instant::now();
-        let counts = result.rows.as_ref().ok_or("the GPU returned no row counts")?;
+        let counts = result
+            .rows
+            .as_ref()
+            .ok_or_else(|| gpu_to_df(GpuError::MissingResult("the GPU returned no row counts")))?;
         // Group G holds NULL keys and absent keys alike: more rows than NULL keys = absent keys.
         if counts[n_slots as usize] as usize > null_keys {
             return Ok(None);
@@ -327,7 +333,7 @@ fn on_device(
     keys: &[ArrayRef],
     values: &[Vec<ArrayRef>],
     columns: &[(Arc<dyn PhysicalExpr>, Vec<AggOp>)],
-) -> std::result::Result<GroupByResult, String> {
+) -> std::result::Result<GroupByResult, GpuError> {
     let _one_at_a_time = GPU_AGGREGATION.lock().unwrap_or_else(|e| e.into_inner());
     let gpu_index = index.gpu_index()?;
     let ctx = Arc::clone(gpu_index.context());
@@ -350,30 +356,32 @@ fn on_device(
 
 /// The same computation on the CPU (`Tuning::gpu_emulation`): slots from the CPU lookup, then
 /// [`aggregate_cpu`], the GPU kernels' reference. Everything after it is the GPU placement's.
+/// Arrow and index errors are passed as `External`, so the notice prints them as they are.
 fn emulate(
     index: &IndexHandle,
     keys: &[ArrayRef],
     values: &[Vec<ArrayRef>],
     columns: &[(Arc<dyn PhysicalExpr>, Vec<AggOp>)],
-) -> std::result::Result<GroupByResult, String> {
-    let keys = concat(&views(keys)).map_err(|e| e.to_string())?;
+) -> Result<GroupByResult> {
+    let external = |e: ::datafusion::arrow::error::ArrowError| DataFusionError::External(Box::new(e));
+    let keys = concat(&views(keys)).map_err(external)?;
     let values = values
         .iter()
         .map(|v| concat(&views(v)))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(external)?;
     let mut slots = Vec::new();
     index
         .index()
         .lookup_slots(keys.as_ref(), &mut slots)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
     let slots: Vec<u32> = slots.iter().map(|&s| u32::try_from(s).unwrap_or(u32::MAX)).collect();
     let spec: Vec<(&dyn Array, &[AggOp])> = values
         .iter()
         .zip(columns)
         .map(|(v, (_, ops))| (v.as_ref(), ops.as_slice()))
         .collect();
-    aggregate_cpu(&slots, index.index().len(), true, &spec)
+    aggregate_cpu(&slots, index.index().len(), true, &spec).map_err(gpu_to_df)
 }
 
 /// `f` of every touched slot, on all cores.
@@ -388,7 +396,9 @@ fn state_array(
     counts: &[u64],
     column: Option<&ColumnResult>,
     touched: &[usize],
-) -> std::result::Result<ArrayRef, String> {
+) -> Result<ArrayRef> {
+    let missing = |what| gpu_to_df(GpuError::MissingResult(what));
+    let external = |e: ::datafusion::arrow::error::ArrowError| DataFusionError::External(Box::new(e));
     let counted = |v: &[u64], nulls: Option<NullBuffer>| -> ArrayRef {
         if dt == &DataType::UInt64 {
             Arc::new(UInt64Array::new(gather(touched, |s| v[s]).into(), nulls))
@@ -398,7 +408,7 @@ fn state_array(
     };
     let column = match (q, column) {
         (Quantity::Rows, _) => return Ok(counted(counts, None)),
-        (_, None) => return Err("a GPU aggregate lost its column".into()),
+        (_, None) => return Err(missing("a GPU aggregate lost its column")),
         (_, Some(c)) => c,
     };
     // Groups without a non-NULL value have a NULL state (but `count(x)`'s 0).
@@ -416,7 +426,7 @@ fn state_array(
         Quantity::Min => column.min.as_ref(),
         _ => column.max.as_ref(),
     }
-    .ok_or("the GPU skipped an aggregate")?;
+    .ok_or_else(|| missing("the GPU skipped an aggregate"))?;
     let array: ArrayRef = match (values, dt) {
         (Values::I64(v), DataType::Decimal128(_, _)) => {
             Arc::new(Decimal128Array::new(gather(touched, |s| v[s] as i128).into(), nulls).with_data_type(dt.clone()))
@@ -430,11 +440,11 @@ fn state_array(
         }
         (Values::I64(v), _) => {
             let wide = Int64Array::new(gather(touched, |s| v[s]).into(), nulls);
-            cast(&wide, dt).map_err(|e| e.to_string())?
+            cast(&wide, dt).map_err(external)?
         }
         (Values::F64(v), _) => {
             let wide = Float64Array::new(gather(touched, |s| v[s]).into(), nulls);
-            cast(&wide, dt).map_err(|e| e.to_string())?
+            cast(&wide, dt).map_err(external)?
         }
     };
     Ok(array)
@@ -465,9 +475,19 @@ pub(super) fn aggregate_into(
     Ok(())
 }
 
-/// Prints the CPU-fallback notice (once per process).
-pub(super) fn notice_cpu_fallback(why: &str) {
+/// Prints the CPU-fallback notice (once per process). An `External` error (a GPU, Arrow or
+/// index error) is printed as itself, without DataFusion's "External error: " prefix.
+pub(super) fn notice_cpu_fallback(why: &DataFusionError) {
     if !NOTICE_PRINTED.swap(true, Ordering::Relaxed) {
+        let why: &dyn std::fmt::Display = match why {
+            DataFusionError::External(e) => e,
+            other => other,
+        };
         eprintln!("mphf: GPU aggregation unavailable ({why}); aggregating on the CPU");
     }
+}
+
+/// A reason the GPU placement does not apply (see [`GpuAggregation::try_new`]).
+fn unsupported(why: impl ToString) -> GpuError {
+    GpuError::Unsupported(why.to_string())
 }

@@ -81,6 +81,7 @@ pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, GPU_MIN_ROWS_PER_SLOT, 
 use stream::MphfAggregateStream;
 
 use super::registry::IndexHandle;
+use crate::gpu::GpuError;
 
 /// Counter of distinct slots that received at least one row (summed over partitions).
 pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
@@ -133,10 +134,11 @@ impl Placement {
         }
     }
 
-    /// The GPU placement of `agg` grouped by `key_pos`, or why it has none (unsupported
-    /// aggregates or types, no `cuda` feature). `emulate`: its algorithm runs on the CPU
-    /// (`Tuning::gpu_emulation`, for testing without a GPU).
-    pub fn gpu_for(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Placement, String> {
+    /// The GPU placement of `agg` grouped by `key_pos`, or why it has none
+    /// ([`GpuError::Unsupported`] aggregates or types, [`GpuError::NotBuilt`] without the `cuda`
+    /// feature). `emulate`: its algorithm runs on the CPU (`Tuning::gpu_emulation`, for testing
+    /// without a GPU).
+    pub fn gpu_for(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Placement, GpuError> {
         #[cfg(feature = "cuda")]
         {
             gpu::GpuAggregation::try_new(agg, key_pos, emulate).map(|g| Placement::Gpu(Arc::new(g)))
@@ -144,7 +146,7 @@ impl Placement {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = (agg, key_pos, emulate);
-            Err("built without the `cuda` feature".into())
+            Err(GpuError::NotBuilt)
         }
     }
 }

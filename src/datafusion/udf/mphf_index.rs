@@ -88,13 +88,13 @@ fn lookup_on_device(
     }
     #[cfg(not(feature = "cuda"))]
     if on_gpu {
-        notice_cpu_lookup("built without the `cuda` feature");
+        notice_cpu_lookup(&crate::gpu::GpuError::NotBuilt);
     }
     handle.index().lookup(array).map_err(to_df)
 }
 
 /// Prints the CPU-fallback notice of `mphf_index` (once per process).
-fn notice_cpu_lookup(why: &str) {
+fn notice_cpu_lookup(why: &crate::gpu::GpuError) {
     static PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !PRINTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         eprintln!("mphf: GPU lookup unavailable ({why}); looking up on the CPU");
