@@ -1,14 +1,11 @@
-//! Where an index is built: [`Device`] and [`solver_for`], available with or without the `cuda`
-//! feature, so that the CLI and the SQL layer take the same `auto | cpu | gpu` option either way.
+//! [`Device`]: where work runs (`auto | cpu | gpu`), the same option for builds, GROUP BYs and
+//! lookups, with or without the `cuda` feature.
 //!
-//! Without the `cuda` feature, `auto` builds on the CPU silently and `gpu` builds on the CPU with
-//! a notice: the result is the same bytes, only the build time differs.
+//! The ground floor: this module names no other part of the crate, so every layer (core, gpu,
+//! datafusion, cli) can take a `Device`. What a device choice resolves to (a usable GPU, a build
+//! solver) is decided above it, in [`crate::placement`].
 
 use std::str::FromStr;
-use std::sync::Arc;
-
-use crate::core::{BucketSolver, Params};
-use crate::gpu::GpuError;
 
 /// Where a build runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -43,44 +40,5 @@ impl std::fmt::Display for Device {
             Device::Cpu => "cpu",
             Device::Gpu => "gpu",
         })
-    }
-}
-
-/// The bucket solver for `device` and `n_keys` keys (`None`: the CPU), and a one-line notice
-/// when the GPU was asked for explicitly but is not usable.
-pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<dyn BucketSolver>>, Option<String>) {
-    #[cfg(feature = "cuda")]
-    {
-        crate::gpu::solver_for(device, n_keys, params)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (n_keys, params);
-        match device {
-            Device::Gpu => (
-                None,
-                Some(format!(
-                    "GPU not available ({}); building on the CPU",
-                    GpuError::NotBuilt
-                )),
-            ),
-            Device::Auto | Device::Cpu => (None, None),
-        }
-    }
-}
-
-/// Whether a GPU is usable by this process (creates the shared CUDA context on first call).
-///
-/// # Errors
-/// Why not: [`GpuError::NotBuilt`] without the `cuda` feature, else no driver library, no
-/// device, or a failed context (the error `gpu::GpuContext::get` caches).
-pub fn gpu_usable() -> Result<(), GpuError> {
-    #[cfg(feature = "cuda")]
-    {
-        crate::gpu::GpuContext::get().map(|_| ())
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Err(GpuError::NotBuilt)
     }
 }

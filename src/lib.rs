@@ -22,7 +22,7 @@ pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 /// The GPU backend's error type only: built without the `cuda` feature, the crate still names
-/// [`gpu::GpuError`] (`device::gpu_usable`, the SQL layer's notices), so callers have one error
+/// [`gpu::GpuError`] (`placement::gpu_usable`, the SQL layer's notices), so callers have one error
 /// type in both builds. With the feature, `gpu` is the whole backend (`gpu/mod.rs`).
 #[cfg(not(feature = "cuda"))]
 pub mod gpu {
@@ -30,5 +30,6 @@ pub mod gpu {
     pub use error::GpuError;
 }
 pub mod index;
+pub mod placement;
 
 pub use error::{MphfError, Result};

@@ -423,7 +423,7 @@ async fn gpu_placement_equals_vanilla() {
         if emulation {
             // Every non-NULL key (the 20,000 rows minus the 206 multiples of 97).
             assert_eq!(gpu_rows, 20_000 - 20_000 / 97);
-        } else if datafusion_mphf::device::gpu_usable().is_err() {
+        } else if datafusion_mphf::placement::gpu_usable().is_err() {
             assert_eq!(gpu_rows, 0);
         }
         // `auto` keeps small inputs on the CPU.

@@ -87,7 +87,7 @@ fn wanted(args: &BenchBuildArgs, method: &str) -> bool {
 /// (NVRTC takes up to seconds for large ℓ, which a single timed build of 5·10^6 keys would
 /// charge as 0.1–0.6 µs per key); prints that time.
 fn warm_up(device: crate::device::Device, n: usize, params: &Params) -> anyhow::Result<()> {
-    let (solver, _) = crate::device::solver_for(device, n as u64, params);
+    let (solver, _) = crate::placement::solver_for(device, n as u64, params);
     if solver.is_none() {
         return Ok(());
     }
@@ -132,7 +132,7 @@ pub fn run(args: &BenchBuildArgs) -> anyhow::Result<Vec<BenchRow>> {
                     let mut builds = Vec::new();
                     let mut mphf = None;
                     for _ in 0..args.runs {
-                        let (solver, notice) = crate::device::solver_for(args.device, n as u64, &params);
+                        let (solver, notice) = crate::placement::solver_for(args.device, n as u64, &params);
                         if let Some(notice) = notice {
                             eprintln!("{notice}");
                         }

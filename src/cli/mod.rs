@@ -155,7 +155,7 @@ impl ParamArgs {
     /// [`MphfError::InvalidParameter`] for ℓ or b out of range, or zero threads.
     pub fn options_for(&self, n_keys: u64) -> Result<IndexOptions, MphfError> {
         let mut opts = self.options()?;
-        let (solver, notice) = crate::device::solver_for(self.device, n_keys, &opts.params);
+        let (solver, notice) = crate::placement::solver_for(self.device, n_keys, &opts.params);
         if let Some(notice) = notice {
             eprintln!("{notice}");
         }

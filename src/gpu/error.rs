@@ -8,7 +8,7 @@
 //! before it had this type; tests compare some of them.
 //!
 //! This module is compiled without the `cuda` feature too (as `crate::gpu::error`, see
-//! `lib.rs`), so that `device::gpu_usable` and the SQL layer name one error type in both
+//! `lib.rs`), so that `placement::gpu_usable` and the SQL layer name one error type in both
 //! builds. The variants that carry a cudarc error exist only with the feature, hence
 //! `#[non_exhaustive]`: code outside the crate matches with a wildcard arm either way.
 //!

@@ -29,7 +29,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ::datafusion::arrow::array::{
     Array, ArrayRef, Decimal128Array, Float64Array, Int64Array, RecordBatch, UInt64Array,
@@ -43,7 +43,8 @@ use ::datafusion::physical_expr::expressions::Literal;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
-use super::groups::{SlotGroups, SlotMetrics};
+use super::groups::SlotGroups;
+use super::slot_states::SlotStates;
 use crate::datafusion::error::gpu_to_df;
 use crate::datafusion::registry::IndexHandle;
 use crate::gpu::groupby::{aggregate_cpu, value_kind, ColumnResult, GroupByOptions, GroupByResult, ValueKind, Values};
@@ -91,31 +92,6 @@ pub struct GpuAggregation {
     aggs: Vec<GpuAggregate>,
     /// Run the placement's algorithm on the CPU instead (`Tuning::gpu_emulation`).
     emulate: bool,
-}
-
-/// The GPU's answer for one input: the touched slots (ascending) and, per aggregate in order,
-/// its state arrays (one row per touched slot).
-pub(super) struct SlotStates {
-    pub slots: Vec<usize>,
-    pub states: Vec<ArrayRef>,
-    /// Number of state arrays of each aggregate.
-    pub widths: Vec<usize>,
-    /// Input rows whose key was not NULL (the ones these states cover).
-    pub rows: usize,
-    /// Host preparation (evaluating the columns per batch), device work (staged copies,
-    /// lookup, aggregation, results back), and building the states.
-    pub timings: [Duration; 3],
-}
-
-impl SlotStates {
-    /// Adds this run's rows and phase times to `metrics`.
-    pub(super) fn record(&self, metrics: &SlotMetrics) {
-        metrics.input_rows.add(self.rows);
-        metrics.gpu_rows.add(self.rows);
-        metrics.gpu_prepare_time.add_duration(self.timings[0]);
-        metrics.gpu_device_time.add_duration(self.timings[1]);
-        metrics.gpu_states_time.add_duration(self.timings[2]);
-    }
 }
 
 /// Whether a column of `dt` is aggregated as integers (true) or floats (false) on the GPU.

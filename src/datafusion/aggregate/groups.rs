@@ -26,6 +26,8 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use super::grouping::{ByteRows, Grouping};
+#[cfg(feature = "cuda")]
+use super::slot_states::SlotStates;
 use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SCAN_SLOT_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
 use crate::core::column::ABSENT;
@@ -75,6 +77,16 @@ pub(super) struct SlotMetrics {
 }
 
 impl SlotMetrics {
+    /// Adds a GPU run's rows and phase times.
+    #[cfg(feature = "cuda")]
+    pub(super) fn record_gpu(&self, part: &SlotStates) {
+        self.input_rows.add(part.rows);
+        self.gpu_rows.add(part.rows);
+        self.gpu_prepare_time.add_duration(part.timings[0]);
+        self.gpu_device_time.add_duration(part.timings[1]);
+        self.gpu_states_time.add_duration(part.timings[2]);
+    }
+
     pub(super) fn new(metrics: &ExecutionPlanMetricsSet, partition: usize) -> Self {
         Self {
             input_rows: MetricBuilder::new(metrics).counter("input_rows", partition),
@@ -129,7 +141,7 @@ impl PartialSlots {
 
     /// A partial of member groups only, from per-slot states computed on the GPU.
     #[cfg(feature = "cuda")]
-    pub(super) fn from_slot_states(part: super::gpu::SlotStates) -> Self {
+    pub(super) fn from_slot_states(part: SlotStates) -> Self {
         let fallback_states = part.states.iter().map(|a| a.slice(0, 0)).collect();
         Self {
             n_touched: part.slots.len(),
@@ -414,11 +426,11 @@ impl SlotGroups {
     /// Merges per-slot states computed elsewhere (the GPU, see [`gpu`](super::gpu)) into the
     /// canonical groups of their slots (`slots` ascending and distinct; no dependent columns).
     #[cfg(feature = "cuda")]
-    pub(super) fn merge_slot_states(&mut self, part: &super::gpu::SlotStates) -> Result<()> {
+    pub(super) fn merge_slot_states(&mut self, part: &SlotStates) -> Result<()> {
         if part.slots.is_empty() {
             return Ok(());
         }
-        part.record(&self.metrics);
+        self.metrics.record_gpu(part);
         if self.group_of_slot.is_empty() {
             self.group_of_slot = vec![NO_GROUP; self.window];
         }

@@ -338,7 +338,7 @@ impl PartialJob {
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
         match outcome {
             Ok(Some(states)) => {
-                states.record(&SlotMetrics::new(&self.metrics, 0));
+                SlotMetrics::new(&self.metrics, 0).record_gpu(&states);
                 let mut out = vec![PartialSlots::from_slot_states(states)];
                 let nulls = gpu.null_key_rows(&all)?;
                 if !nulls.is_empty() {

@@ -57,6 +57,8 @@ mod lineage;
 mod merged;
 mod ranges;
 mod rule;
+#[cfg(feature = "cuda")]
+mod slot_states;
 mod stream;
 
 use std::fmt;

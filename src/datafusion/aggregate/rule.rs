@@ -149,7 +149,7 @@ fn gpu_placement(
             estimates
                 .rows(agg.input())
                 .is_some_and(|rows| rows >= costing.gpu_min_rows as f64 && rows >= GPU_MIN_ROWS_PER_SLOT * slots as f64)
-                && crate::device::gpu_usable().is_ok()
+                && crate::placement::gpu_usable().is_ok()
         }
     };
     if !wanted || key_is_slot {

@@ -50,7 +50,7 @@ pub(super) async fn build_column(
     let rows: usize = chunks.iter().map(|c| c.len()).sum();
     let working = ColumnIndex::build_bytes_estimate(rows as u64, scanned);
     budget.grow(working, "building", scanned + working)?;
-    let (solver, notice) = crate::device::solver_for(spec.device, rows as u64, &spec.params);
+    let (solver, notice) = crate::placement::solver_for(spec.device, rows as u64, &spec.params);
     if let Some(notice) = notice {
         installer.notice(&notice);
     }

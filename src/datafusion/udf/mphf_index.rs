@@ -77,7 +77,7 @@ fn lookup_on_device(
     let on_gpu = match device {
         Device::Cpu => false,
         Device::Gpu => true,
-        Device::Auto => array.len() as u64 >= min_rows && crate::device::gpu_usable().is_ok(),
+        Device::Auto => array.len() as u64 >= min_rows && crate::placement::gpu_usable().is_ok(),
     };
     #[cfg(feature = "cuda")]
     if on_gpu {
