@@ -12,26 +12,42 @@ use crate::core::{BucketSolver, Params};
 use crate::device::Device;
 use crate::gpu::GpuError;
 
+/// Whether work placed by `device` goes to the GPU: `gpu` always (the caller falls back to the
+/// CPU with a notice when no GPU turns out usable), `cpu` never, `auto` when the caller's cost
+/// test `pays` holds and a GPU is usable. The one place the `auto` rule is written: builds,
+/// GROUP BYs and `mphf_index` differ only in their cost test.
+pub fn wants_gpu(device: Device, pays: impl FnOnce() -> bool) -> bool {
+    match device {
+        Device::Cpu => false,
+        Device::Gpu => true,
+        Device::Auto => pays() && gpu_usable().is_ok(),
+    }
+}
+
 /// The bucket solver for `device` and `n_keys` keys (`None`: the CPU), and a one-line notice
-/// when the GPU was asked for explicitly but is not usable.
+/// when the GPU was asked for explicitly but is not usable. `auto` pays from the key count and
+/// leaf size up (`gpu::auto_prefers_gpu`).
 pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<dyn BucketSolver>>, Option<String>) {
     #[cfg(feature = "cuda")]
-    {
-        crate::gpu::solver_for(device, n_keys, params)
-    }
+    let pays = || crate::gpu::auto_prefers_gpu(n_keys, params);
     #[cfg(not(feature = "cuda"))]
-    {
+    let pays = || {
         let _ = (n_keys, params);
-        match device {
-            Device::Gpu => (
-                None,
-                Some(format!(
-                    "GPU not available ({}); building on the CPU",
-                    GpuError::NotBuilt
-                )),
-            ),
-            Device::Auto | Device::Cpu => (None, None),
-        }
+        false
+    };
+    if !wants_gpu(device, pays) {
+        return (None, None);
+    }
+    #[cfg(feature = "cuda")]
+    let context = crate::gpu::GpuContext::get();
+    #[cfg(not(feature = "cuda"))]
+    let context: Result<(), GpuError> = Err(GpuError::NotBuilt);
+    match context {
+        #[cfg(feature = "cuda")]
+        Ok(ctx) => (Some(Arc::new(crate::gpu::GpuSolver::new(ctx))), None),
+        #[cfg(not(feature = "cuda"))]
+        Ok(()) => (None, None),
+        Err(e) => (None, Some(format!("GPU not available ({e}); building on the CPU"))),
     }
 }
 

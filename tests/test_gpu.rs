@@ -5,7 +5,8 @@
 mod gpu_grid;
 
 use datafusion_mphf::core::Params;
-use datafusion_mphf::gpu::{auto_prefers_gpu, kernels, solver_for, Device, GpuContext};
+use datafusion_mphf::gpu::{auto_prefers_gpu, kernels, Device, GpuContext};
+use datafusion_mphf::placement::solver_for;
 
 #[test]
 fn every_kernel_variant_compiles_to_ptx() {

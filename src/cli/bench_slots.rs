@@ -79,7 +79,7 @@ fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
 fn build(name: &str, col: &ArrayRef) -> Result<ColumnIndex, CliError> {
     let params = Params::DEFAULT;
     #[cfg(feature = "cuda")]
-    let (solver, notice) = crate::gpu::solver_for(crate::gpu::Device::Auto, col.len() as u64, &params);
+    let (solver, notice) = crate::placement::solver_for(crate::device::Device::Auto, col.len() as u64, &params);
     #[cfg(not(feature = "cuda"))]
     let (solver, notice): (Option<Arc<dyn crate::core::BucketSolver>>, Option<String>) = (None, None);
     if let Some(n) = notice {

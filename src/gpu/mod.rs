@@ -28,7 +28,7 @@ pub use error::GpuError;
 pub use groupby::{AggOp, GpuGroupBy, GroupByResult};
 pub use query::GpuIndex;
 
-use crate::core::{BucketSolver, Params};
+use crate::core::Params;
 
 pub use crate::device::Device;
 
@@ -55,23 +55,6 @@ pub fn auto_prefers_gpu(n_keys: u64, params: &Params) -> bool {
         n_keys >= AUTO_MIN_KEYS
     } else {
         n_keys >= AUTO_MIN_KEYS_LARGE_LEAF
-    }
-}
-
-/// The solver for `device` and `n_keys` keys, and a one-line notice when the GPU was asked
-/// for (explicitly) but is not usable.
-pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<dyn BucketSolver>>, Option<String>) {
-    match device {
-        Device::Cpu => (None, None),
-        Device::Auto if !auto_prefers_gpu(n_keys, params) => (None, None),
-        Device::Auto => match GpuContext::get() {
-            Ok(ctx) => (Some(Arc::new(GpuSolver::new(ctx))), None),
-            Err(_) => (None, None),
-        },
-        Device::Gpu => match GpuContext::get() {
-            Ok(ctx) => (Some(Arc::new(GpuSolver::new(ctx))), None),
-            Err(e) => (None, Some(format!("GPU not available ({e}); building on the CPU"))),
-        },
     }
 }
 

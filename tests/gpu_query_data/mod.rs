@@ -171,7 +171,8 @@ pub fn str_probe(idx: &[u64], null_rate: f64, seed: u64) -> ArrayRef {
 
 /// A column index over `keys` with `params`, solved on the GPU when one is usable.
 pub fn build_index(keys: ArrayRef, params: Params) -> ColumnIndex {
-    let (solver, _) = datafusion_mphf::gpu::solver_for(datafusion_mphf::gpu::Device::Gpu, keys.len() as u64, &params);
+    let (solver, _) =
+        datafusion_mphf::placement::solver_for(datafusion_mphf::gpu::Device::Gpu, keys.len() as u64, &params);
     let opts = IndexOptions {
         params,
         seed: 0,

@@ -139,19 +139,15 @@ fn gpu_placement(
     costing: &Costing,
     estimates: &RowEstimator,
 ) -> Option<Placement> {
-    let wanted = match costing.device {
-        Device::Cpu => false,
-        Device::Gpu => true,
-        // Slots handed over by the scan (slot maps, row slots) leave the CPU no lookup to do;
-        // the GPU would still upload the keys and look them up.
-        Device::Auto if slots_at_hand => false,
-        Device::Auto => {
-            estimates
+    // Slots handed over by the scan (slot maps, row slots) leave the CPU no lookup to do; the
+    // GPU would still upload the keys and look them up.
+    let pays = || {
+        !slots_at_hand
+            && estimates
                 .rows(agg.input())
                 .is_some_and(|rows| rows >= costing.gpu_min_rows as f64 && rows >= GPU_MIN_ROWS_PER_SLOT * slots as f64)
-                && crate::placement::gpu_usable().is_ok()
-        }
     };
+    let wanted = crate::placement::wants_gpu(costing.device, pays);
     if !wanted || key_is_slot {
         return None;
     }

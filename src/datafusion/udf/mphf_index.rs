@@ -74,11 +74,7 @@ fn lookup_on_device(
         .get::<MphfConfig>()
         .map_or(Device::Auto, |c| c.lookup_device);
     let min_rows = Tuning::of(config).lookup_gpu_min_rows;
-    let on_gpu = match device {
-        Device::Cpu => false,
-        Device::Gpu => true,
-        Device::Auto => array.len() as u64 >= min_rows && crate::placement::gpu_usable().is_ok(),
-    };
+    let on_gpu = crate::placement::wants_gpu(device, || array.len() as u64 >= min_rows);
     #[cfg(feature = "cuda")]
     if on_gpu {
         match handle.gpu_index().and_then(|g| g.lookup(array)) {
