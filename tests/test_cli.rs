@@ -569,3 +569,53 @@ fn saved_index_sees_same_size_rewrites_and_underscore_files() {
     let out = ok(&["sql", "-q", "--format", "csv", "--table", &table, "-c", count]);
     assert!(out.contains("1010,1010"), "{out}");
 }
+
+/// `mphf calibrate` writes every constant, the measured ones changed and positive, in the
+/// form `--costs` reads back; bad sizes and bad cost files are refused with clear errors.
+#[test]
+fn calibrate_writes_costs_that_sql_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let costs = dir.path().join("costs.txt");
+    let costs_arg = costs.to_str().unwrap();
+    ok(&[
+        "calibrate",
+        "--rows",
+        "4000",
+        "--keys",
+        "1000",
+        "--runs",
+        "1",
+        "--out",
+        costs_arg,
+    ]);
+    let text = std::fs::read_to_string(&costs).unwrap();
+    let model = datafusion_mphf::datafusion::plan::CostModel::parse(&text).unwrap();
+    let defaults = datafusion_mphf::datafusion::plan::CostModel::default();
+    assert_eq!(
+        model.to_text().lines().count(),
+        datafusion_mphf::datafusion::plan::CostModel::names().len()
+    );
+    assert!(
+        model.hash_aggregate_fixed_ns != defaults.hash_aggregate_fixed_ns,
+        "{text}"
+    );
+    assert!(
+        model.lookup_compact_bytes_ns != defaults.lookup_compact_bytes_ns,
+        "{text}"
+    );
+    assert_eq!(model.gpu_margin, defaults.gpu_margin);
+    let out = ok(&["sql", "-q", "--costs", costs_arg, "-c", "SELECT 1 AS one"]);
+    assert!(out.contains("one"), "{out}");
+
+    let err = fails(&["calibrate", "--rows", "100", "--keys", "1000"]);
+    assert!(
+        err.contains("--keys must be at least 1000 and --rows between 2 × keys and 2^31 (got 1000 keys, 100 rows)"),
+        "{err}"
+    );
+    std::fs::write(&costs, "slot_row_ns = 3\nlookup_dense_ns = -1\n").unwrap();
+    let err = fails(&["sql", "-q", "--costs", costs_arg, "-c", "SELECT 1"]);
+    assert!(
+        err.contains("costs.txt: cost file line 2: cost constant lookup_dense_ns: -1 is not a positive number"),
+        "{err}"
+    );
+}

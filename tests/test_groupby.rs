@@ -730,3 +730,73 @@ async fn settings_are_nine_listed_and_old_names_name_their_replacement() {
     let (_, plan) = run(&fresh, sql).await;
     assert!(!plan.contains("MphfAggregateExec"), "{plan}");
 }
+
+/// `EXPLAIN` prices every MPHF aggregate (`cost=… vs hash …`) and shows, over every candidate
+/// left to DataFusion, the reason in the words of the threshold that declined it; with
+/// `mphf.costing = never` nothing is a candidate.
+#[tokio::test]
+async fn explain_prices_nodes_and_names_each_decline() {
+    let ctx = setup(2).await;
+    let line_of = |plan: &str, what: &str| -> String {
+        plan.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what} in\n{plan}"))
+            .trim()
+            .to_string()
+    };
+    let (_, plan) = run(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await;
+    let line = line_of(&plan, "MphfAggregateExec");
+    assert!(
+        line.contains(", cost=") && line.contains("ms vs hash ") && line.ends_with("ms"),
+        "{line}"
+    );
+    assert!(!plan.contains("MphfDeclined"), "{plan}");
+
+    ctx.tune(|t| t.aggregate_min_slots = 20_000);
+    let (_, plan) = run(&ctx, "SELECT k, count(*) FROM t GROUP BY k").await;
+    let line = line_of(&plan, "MphfDeclined");
+    assert!(
+        line.starts_with(
+            "MphfDeclined: reason=6000 slots, fewer than aggregate_min_slots (20000): the hash table stays in cache, cost="
+        ),
+        "{line}"
+    );
+    // The node under the annotation is the declined aggregate (a Partial, under the final one).
+    let below = plan.lines().skip_while(|l| !l.contains("MphfDeclined")).nth(1).unwrap();
+    assert!(below.trim().starts_with("AggregateExec: mode=Partial"), "{plan}");
+    ctx.tune(|t| t.aggregate_min_slots = 0);
+
+    // Without its dense-key table, an unclustered key read through a filter costs an MPHF
+    // query per row.
+    ctx.tune(|t| {
+        t.dense_lookup_max_bytes_per_key = 0.0;
+        t.aggregate_min_rows_per_run = 2.0;
+    });
+    ctx.sql("DROP INDEX t_k").await.unwrap();
+    ctx.sql("CREATE INDEX t_k ON t USING mphf (k)").await.unwrap();
+    let (_, plan) = run(&ctx, "SELECT k, count(*) FROM t WHERE v % 3 = 1 GROUP BY k").await;
+    let line = line_of(&plan, "MphfDeclined");
+    assert!(
+        line.starts_with("MphfDeclined: reason=unclustered key (1.0 rows per run, fewer than 2) with "),
+        "{line}"
+    );
+    assert!(line.contains(" lookups: one MPHF query per row, cost="), "{line}");
+
+    // A second group column that does not depend on the key.
+    let (_, plan) = run(&ctx, "SELECT k, s, count(*) FROM t GROUP BY k, s").await;
+    assert_eq!(
+        line_of(&plan, "MphfDeclined"),
+        "MphfDeclined: reason=the other group columns are not proven to depend on the indexed one"
+    );
+
+    // No candidates at all under `never`, nor for a key without an index.
+    ctx.sql("SET mphf.costing = 'never'").await.unwrap();
+    let (_, plan) = run(&ctx, "SELECT k, count(*) FROM t WHERE v % 3 = 1 GROUP BY k").await;
+    assert!(
+        !plan.contains("MphfDeclined") && !plan.contains("MphfAggregateExec"),
+        "{plan}"
+    );
+    ctx.sql("SET mphf.costing = 'auto'").await.unwrap();
+    let (_, plan) = run(&ctx, "SELECT s, count(*) FROM t GROUP BY s").await;
+    assert!(!plan.contains("MphfDeclined"), "{plan}");
+}

@@ -155,16 +155,33 @@ async fn costing_yields_to_array_map_and_small_indexes() {
     // dim.id is 0..7999 and dense: DataFusion's ArrayMap wins, the rule declines.
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.id = d.id").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    // EXPLAIN says why, over the declined join.
+    assert!(
+        plan.contains(
+            "MphfDeclined: reason=DataFusion runs this join with its dense-integer ArrayMap, one array read per row\n"
+        ),
+        "{plan}"
+    );
     // a string key has no ArrayMap, but its unclustered probe costs an MPHF query per row
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
-    assert!(plan.contains("MphfJoinExec"), "{plan}");
+    let line = plan.lines().find(|l| l.contains("MphfJoinExec")).expect("operator");
+    assert!(line.contains(", cost=") && line.contains("ms vs hash "), "{line}");
+    assert!(!plan.contains("MphfDeclined"), "{plan}");
     ctx.tune(|t| t.join_min_probe_rows_per_run = 2.0);
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    assert!(
+        plan.contains("MphfDeclined: reason=no dense key table and an unclustered probe key (1.0 rows per run, fewer than 2): one MPHF query per probe row, cost="),
+        "{plan}"
+    );
     ctx.tune(|t| t.join_min_probe_rows_per_run = 0.0);
     ctx.tune(|t| t.join_min_slots = 100_000);
     let plan = compare(&ctx, "SELECT count(*) FROM fact f JOIN dim d ON f.name = d.name").await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    assert!(
+        plan.contains(" slots, fewer than join_min_slots (100000): the hash table stays in cache\n"),
+        "{plan}"
+    );
 }
 
 /// A probe key that has its own index on an in-memory table gets its slots from that index's

@@ -57,6 +57,10 @@ pub struct DemoArgs {
     /// MPHF session (repeatable), e.g. `--tune join_collect_max_partitions=4`.
     #[arg(long = "tune", value_name = "NAME=VALUE")]
     pub tune: Vec<String>,
+    /// Plan the MPHF session with the cost constants `mphf calibrate` wrote to this file
+    /// (applied before `--tune`).
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<std::path::PathBuf>,
 }
 
 /// Which queries a run shows.
@@ -333,6 +337,10 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
         };
         mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
         eprintln!("SET {} = {}", key.trim(), value.trim());
+    }
+    if let Some(path) = &args.costs {
+        mphf.load_costs(path)?;
+        eprintln!("cost constants from {}", path.display());
     }
     for threshold in &args.tune {
         let Some((name, value)) = threshold.split_once('=') else {

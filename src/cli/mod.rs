@@ -9,6 +9,7 @@ pub mod bench_build;
 pub mod bench_slots;
 pub mod bench_sparse;
 pub mod build;
+pub mod calibrate;
 pub mod demo;
 pub mod difftest;
 pub mod inspect;
@@ -55,6 +56,9 @@ pub enum Command {
     /// sessions (default costing, costing off), rows compared; writes what
     /// `benches/duckdb_diff.py` compares with DuckDB.
     Difftest(difftest::DifftestArgs),
+    /// Measure the planner's cost constants on this machine (one core) and write them for
+    /// `--costs FILE` / `MphfContext::load_costs`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -90,6 +94,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
         Command::Demo(args) => block_on(demo::run(args, demo::Suite::Demo)),
         Command::Difftest(args) => block_on(difftest::run(args)),
+        Command::Calibrate(args) => block_on(calibrate::run(args)),
         Command::Bench(BenchCommand::Slots(args)) => bench_slots::run(&args),
         Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args, demo::Suite::GroupBy)),
         Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),

@@ -60,6 +60,9 @@ pub struct SqlArgs {
     /// Do not print timings on stderr.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Plan with the cost constants `mphf calibrate` wrote to this file.
+    #[arg(long, value_name = "FILE")]
+    pub costs: Option<PathBuf>,
 }
 
 /// A session with or without the extension.
@@ -227,6 +230,9 @@ fn session(args: &SqlArgs) -> Result<Session> {
 /// The first failing statement (with `-c` / `-f`), bad `--table` values, I/O errors.
 pub async fn run(args: SqlArgs) -> Result<()> {
     let session = session(&args)?;
+    if let (Some(path), Session::Mphf(ctx)) = (&args.costs, &session) {
+        ctx.load_costs(path)?;
+    }
     if let (Some(dir), Session::Mphf(_)) = (&args.index_dir, &session) {
         let dir = dir.display().to_string().replace('\'', "''");
         session.sql(&format!("SET mphf.index_dir = '{dir}'")).await?;

@@ -71,6 +71,7 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
         .with_physical_optimizer_rule(Arc::new(super::udf::MphfStoredSlotsRule::new()))
         .with_physical_optimizer_rule(Arc::new(super::aggregate::MphfAggregateRule::new()))
         .with_physical_optimizer_rule(Arc::new(super::join::MphfJoinRule::new()))
+        .with_physical_optimizer_rule(Arc::new(super::explain::MphfExplainRule::new()))
 }
 
 /// `mphf_indexes()`: the rows of `SHOW MPHF INDEXES` as a table.
@@ -216,6 +217,23 @@ impl MphfContext {
             .options_mut()
             .extensions
             .insert(tuning);
+    }
+
+    /// Plans this session's later statements with the cost constants in the file at `path`
+    /// (what `mphf calibrate` writes: `name = value` lines; constants it does not name keep
+    /// their defaults).
+    ///
+    /// # Errors
+    /// The file cannot be read, or a line is not a known constant with a positive value (the
+    /// message names the file and the line). The session's costs are unchanged then.
+    pub fn load_costs(&self, path: &std::path::Path) -> Result<()> {
+        use crate::datafusion::plan::cost;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| DataFusionError::Configuration(format!("{}: {e}", path.display())))?;
+        let model = cost::CostModel::parse(&text)
+            .map_err(|e| DataFusionError::Configuration(format!("{}: {}", path.display(), cost::message_of(e))))?;
+        self.tune(|t| t.costs = model);
+        Ok(())
     }
 
     /// Runs one SQL statement: the extension's own, or DataFusion's.

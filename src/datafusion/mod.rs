@@ -26,6 +26,7 @@ pub mod aggregate;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod explain;
 pub mod install;
 pub mod join;
 pub mod once;

@@ -61,7 +61,7 @@ pub const SAMPLE_SLICES: usize = 4;
 pub const SLICE_ROWS: usize = 2048;
 
 /// Row estimates of the nodes of one plan during one optimizer pass (see the module docs).
-pub(super) struct RowEstimator {
+pub(crate) struct RowEstimator {
     /// DataFusion's statistics, memoized per node.
     stats: StatisticsContext,
     /// [`RowEstimator::rows`] per node address.
@@ -70,7 +70,7 @@ pub(super) struct RowEstimator {
 
 impl RowEstimator {
     /// An estimator with empty caches.
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             stats: StatisticsContext::new(),
             memo: RefCell::new(HashMap::new()),

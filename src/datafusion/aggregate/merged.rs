@@ -63,6 +63,7 @@ use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, S
 use super::ranges::{RangeJob, Scattered, SlotRanges};
 use super::Placement;
 use crate::datafusion::once::{OncePerExecution, SharedWork};
+use crate::datafusion::plan::cost::Estimate;
 use crate::datafusion::registry::IndexHandle;
 
 /// How the node turns its input into per-range work (chosen by the rule, shown by `EXPLAIN` as
@@ -110,6 +111,8 @@ pub struct MphfMergedAggregateExec {
     placement: Placement,
     /// Partials or scattered rows (CPU placement only; the GPU's partial is always one).
     form: MergeForm,
+    /// The rule's estimates for the partial (shown by `EXPLAIN`).
+    estimate: Option<Estimate>,
     /// The work all output partitions of one execution share.
     prepared: OncePerExecution<Prepared>,
 }
@@ -148,8 +151,15 @@ impl MphfMergedAggregateExec {
             metrics: ExecutionPlanMetricsSet::new(),
             placement: Placement::Cpu,
             form: MergeForm::Partials,
+            estimate: None,
             prepared: OncePerExecution::default(),
         }
+    }
+
+    /// The same node with the rule's estimates.
+    pub fn with_estimate(mut self, estimate: Option<Estimate>) -> Self {
+        self.estimate = estimate;
+        self
     }
 
     /// The same node computing its partials on `placement`.
@@ -643,18 +653,27 @@ impl DisplayAs for MphfMergedAggregateExec {
                 writeln!(f, "form={}", self.form().name())?;
                 writeln!(f, "device={}", self.placement.device_name())?;
                 writeln!(f, "index={}.{}", info.table, info.column)?;
+                if let Some(estimate) = &self.estimate {
+                    writeln!(f, "{estimate}")?;
+                }
                 write!(f, "gby=[{}]", gby.join(", "))
             }
-            _ => write!(
-                f,
-                "MphfAggregateExec: mode=SlotMerge, form={}, device={}, partitions={partitions}, index={}.{}, gby=[{}], aggr=[{}]",
-                self.form().name(),
-                self.placement.device_name(),
-                info.table,
-                info.column,
-                gby.join(", "),
-                aggr.join(", ")
-            ),
+            _ => {
+                write!(
+                    f,
+                    "MphfAggregateExec: mode=SlotMerge, form={}, device={}, partitions={partitions}, index={}.{}, gby=[{}], aggr=[{}]",
+                    self.form().name(),
+                    self.placement.device_name(),
+                    info.table,
+                    info.column,
+                    gby.join(", "),
+                    aggr.join(", ")
+                )?;
+                match &self.estimate {
+                    Some(estimate) => write!(f, ", {estimate}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -701,7 +720,8 @@ impl ExecutionPlan for MphfMergedAggregateExec {
                 self.properties.output_partitioning().partition_count(),
             )
             .with_placement(self.placement.clone())
-            .with_form(self.form),
+            .with_form(self.form)
+            .with_estimate(self.estimate),
         ))
     }
 

@@ -76,13 +76,15 @@ use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
 };
 
-pub(crate) use estimate::memory_slices;
+pub(crate) use estimate::{memory_slices, RowEstimator};
 pub(crate) use groups::groups_accumulator;
 pub use merged::{MergeForm, MphfMergedAggregateExec};
-pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, GPU_MIN_ROWS_PER_SLOT, MIN_SLOTS};
+pub(crate) use rule::{decide, Decision};
+pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
 use super::registry::IndexHandle;
+use crate::datafusion::plan::cost::Estimate;
 use crate::gpu::GpuError;
 
 /// Counter of distinct slots that received at least one row (summed over partitions).
@@ -168,6 +170,8 @@ pub struct MphfAggregateExec {
     merge_form: MergeForm,
     /// Admitted by the rule only as the partial of a range-form merge (see `rule`).
     needs_merge: bool,
+    /// The rule's estimates (shown by `EXPLAIN`; `None` for a node made outside the rule).
+    estimate: Option<Estimate>,
     /// Execution metrics.
     metrics: ExecutionPlanMetricsSet,
 }
@@ -183,8 +187,20 @@ impl MphfAggregateExec {
             placement: Placement::Cpu,
             merge_form: MergeForm::Partials,
             needs_merge: false,
+            estimate: None,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// The same node with the rule's estimates.
+    pub fn with_estimate(mut self, estimate: Option<Estimate>) -> Self {
+        self.estimate = estimate;
+        self
+    }
+
+    /// The rule's estimates.
+    pub fn estimate(&self) -> Option<Estimate> {
+        self.estimate
     }
 
     /// The same node, marked as admitted only for a range-form merge.
@@ -268,18 +284,27 @@ impl DisplayAs for MphfAggregateExec {
                 writeln!(f, "mode={}", self.mode_name())?;
                 writeln!(f, "device={}", self.placement.device_name())?;
                 writeln!(f, "index={}.{}", info.table, info.column)?;
+                if let Some(estimate) = &self.estimate {
+                    writeln!(f, "{estimate}")?;
+                }
                 write!(f, "gby=[{}]", gby.join(", "))
             }
-            _ => write!(
-                f,
-                "MphfAggregateExec: mode={}, device={}, index={}.{}, gby=[{}], aggr=[{}]",
-                self.mode_name(),
-                self.placement.device_name(),
-                info.table,
-                info.column,
-                gby.join(", "),
-                aggr.join(", ")
-            ),
+            _ => {
+                write!(
+                    f,
+                    "MphfAggregateExec: mode={}, device={}, index={}.{}, gby=[{}], aggr=[{}]",
+                    self.mode_name(),
+                    self.placement.device_name(),
+                    info.table,
+                    info.column,
+                    gby.join(", "),
+                    aggr.join(", ")
+                )?;
+                match &self.estimate {
+                    Some(estimate) => write!(f, ", {estimate}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -326,7 +351,8 @@ impl ExecutionPlan for MphfAggregateExec {
             Self::new(agg, Arc::clone(&self.index), self.key_pos)
                 .with_placement(self.placement.clone())
                 .with_merge_form(self.merge_form)
-                .needing_merge(self.needs_merge),
+                .needing_merge(self.needs_merge)
+                .with_estimate(self.estimate),
         ))
     }
 

@@ -52,8 +52,10 @@
 //! # Device (`mphf.aggregate_device`, shown as `device=` in EXPLAIN)
 //! `gpu` places every supported aggregation on the GPU (see `aggregate::gpu`: one key column,
 //! count/sum/min/max/avg over integer, float and decimal columns); `auto` does so when a GPU is
-//! usable, the input is estimated at [`GPU_MIN_ROWS`] rows or more and at
-//! [`GPU_MIN_ROWS_PER_SLOT`] rows per slot, and the scan does not hand the slots over (slot maps
+//! usable, the input is estimated at `Tuning::aggregate_gpu_min_rows` rows or more, the cost
+//! model prices the GPU below the CPU with its margin (`plan::cost`: the device's upload and the
+//! host's per-slot work against the CPU's per-row and slot-array work, so that many slots per row
+//! keep GROUP BY o_orderkey on the CPU), and the scan does not hand the slots over (slot maps
 //! or row slots: the CPU then has no lookup to do, while the GPU path still uploads and looks up
 //! every key); `cpu` never. A GPU-placed node skips the CPU
 //! costing above (a lookup costs the GPU the same clustered or not, and small slot counts are no
@@ -62,7 +64,13 @@
 //! partition's GPU call downloads and converts states for the whole slot range, so many
 //! partitions over many slots lose to the CPU (measurements: benches/RESULTS.md, same section).
 //!
-//! Both thresholds are session options, so tests can force the operator on small data.
+//! # Estimates and reasons
+//! Every candidate is priced by the cost model (`plan::cost`): the node it becomes shows
+//! `cost=… vs hash …` in `EXPLAIN` (and the other device's estimate where both were priced), and a
+//! declined candidate's reason and estimates are shown by the `MphfDeclined` node that
+//! `explain::MphfExplainRule` puts over it. The thresholds above are the model's guard rails:
+//! they decline shapes whose cost the per-row figures do not capture (cache-resident tables,
+//! slot arrays that outgrow the rows), and `mphf.costing = always` lifts them.
 
 use std::sync::Arc;
 
@@ -85,7 +93,8 @@ use super::estimate::RowEstimator;
 use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::plan::thresholds_for;
+use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup};
+use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays};
 use crate::device::Device;
@@ -95,7 +104,7 @@ use crate::device::Device;
 pub const MIN_SLOTS: u64 = 4096;
 
 /// The costing thresholds (the session's `Tuning` under `mphf.costing`, see `plan::thresholds_for`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Costing {
     /// Fewest slots worth the operator.
     pub min_slots: u64,
@@ -113,6 +122,8 @@ pub struct Costing {
     pub gpu_min_rows: u64,
     /// `Tuning::gpu_emulation`: the GPU placement's algorithm runs on the CPU.
     pub gpu_emulation: bool,
+    /// The cost model (`Tuning::costs`).
+    pub model: CostModel,
 }
 
 /// Default of `Tuning::aggregate_gpu_min_rows`: where, on the H200 host, the GPU placement
@@ -122,30 +133,41 @@ pub struct Costing {
 /// from"; benches/RESULTS-gpu.md, "The GROUP BY operator and `mphf_index` on the GPU").
 pub const GPU_MIN_ROWS: u64 = 1 << 22;
 
-/// `Device::Auto` also needs this many input rows per slot: with about one row per group
-/// (GROUP BY o_orderkey) the per-slot results and their merge cost as much as the rows, and the
-/// GPU loses to the hash aggregation (measurements: benches/RESULTS.md, "Where the planner's
-/// thresholds and device crossovers come from").
-pub const GPU_MIN_ROWS_PER_SLOT: f64 = 2.0;
+impl Costing {
+    /// The aggregate rule's inputs from the session's thresholds `t` and settings `cfg`.
+    pub fn of(t: &Tuning, cfg: &MphfConfig) -> Self {
+        Self {
+            min_slots: t.aggregate_min_slots,
+            min_rows_per_run: t.aggregate_min_rows_per_run,
+            max_slot_entries_per_row: t.aggregate_max_slot_entries_per_row,
+            max_slot_entries_per_row_partitioned: t.aggregate_max_slot_entries_per_row_partitioned,
+            require_dependence: t.aggregate_require_dependence,
+            device: cfg.aggregate_device,
+            gpu_min_rows: t.aggregate_gpu_min_rows,
+            gpu_emulation: t.gpu_emulation,
+            model: t.costs.clone(),
+        }
+    }
+}
 
-/// The GPU placement of `agg` (grouped by `key_pos`, an index of `slots` slots) when the
-/// session's device choice and the input's size call for it and its aggregates run there.
+/// The GPU placement of `agg` (grouped by `key_pos`) when the session's device choice and the
+/// cost model call for it and its aggregates run there. `auto` needs an estimated input of at
+/// least `Tuning::aggregate_gpu_min_rows` rows whose GPU estimate (with the model's margin) is
+/// below the CPU's, and a scan that does not hand the slots over (slot maps or row slots leave
+/// the CPU no lookup to do, while the GPU path still uploads and looks up every key).
 fn gpu_placement(
     agg: &AggregateExec,
     key_pos: usize,
     key_is_slot: bool,
-    slots_at_hand: bool,
-    slots: u64,
+    shape: &AggregateShape,
+    rows_known: bool,
     costing: &Costing,
-    estimates: &RowEstimator,
 ) -> Option<Placement> {
-    // Slots handed over by the scan (slot maps, row slots) leave the CPU no lookup to do; the
-    // GPU would still upload the keys and look them up.
     let pays = || {
-        !slots_at_hand
-            && estimates
-                .rows(agg.input())
-                .is_some_and(|rows| rows >= costing.gpu_min_rows as f64 && rows >= GPU_MIN_ROWS_PER_SLOT * slots as f64)
+        shape.lookup != Lookup::Copied
+            && rows_known
+            && shape.rows >= costing.gpu_min_rows as f64
+            && costing.model.gpu_pays(shape)
     };
     let wanted = crate::placement::wants_gpu(costing.device, pays);
     if !wanted || key_is_slot {
@@ -154,50 +176,99 @@ fn gpu_placement(
     Placement::gpu_for(agg, key_pos, costing.gpu_emulation).ok()
 }
 
-/// The physical optimizer rule installing [`MphfAggregateExec`].
-#[derive(Debug, Default)]
-pub struct MphfAggregateRule {}
+/// What the rule makes of one aggregate.
+pub(crate) enum Decision {
+    /// Not a candidate: no indexed key, or a shape the operator does not run (nothing to say).
+    NotCandidate,
+    /// A candidate left to DataFusion, and why.
+    Declined(Declined),
+    /// The replacement.
+    Replaced(MphfAggregateExec),
+}
 
-impl MphfAggregateRule {
-    /// A new rule.
-    pub fn new() -> Self {
-        Self {}
+/// The lookup strategy a row of `agg`'s key finds its slot with.
+fn lookup_of(handle: &IndexHandle, key_is_slot: bool, slots_at_hand: bool) -> Lookup {
+    let index = handle.index();
+    if key_is_slot || slots_at_hand {
+        Lookup::Copied
+    } else if index.dense_lookup_bytes() > 0 {
+        Lookup::Dense
+    } else if index.flat_lookup_bytes() > 0 {
+        Lookup::Flat
+    } else {
+        Lookup::Compact
     }
 }
 
-/// `Some(exec)` when `agg` can run on slots; `Ok(None)` (quiet fallback) otherwise. `merge`:
-/// the node is meant for the SlotMerge form (on the GPU: one partial for all input partitions,
-/// so no per-partition slot arrays to cost).
+/// The cost model's view of `agg` over an index of `handle`, with `rows` input rows.
+fn shape_of(
+    agg: &AggregateExec,
+    handle: &IndexHandle,
+    lookup: Lookup,
+    rows: f64,
+    slot_arrays: usize,
+) -> AggregateShape {
+    let index = handle.index();
+    let schema = agg.input_schema();
+    let args: Vec<Arc<dyn PhysicalExpr>> = agg.aggr_expr().iter().flat_map(|a| a.expressions()).collect();
+    let value_bytes: f64 = args
+        .iter()
+        .map(|e| e.data_type(&schema).ok().and_then(|t| t.primitive_width()).unwrap_or(8) as f64)
+        .sum();
+    AggregateShape {
+        rows,
+        slots: index.len() as f64,
+        partitions: agg.input().output_partitioning().partition_count().max(1),
+        slot_arrays,
+        key: match index.key_type().width() {
+            Some(_) => KeyKind::Fixed,
+            None => KeyKind::Bytes,
+        },
+        lookup,
+        rows_per_run: handle.info().rows_per_run.unwrap_or(1.0),
+        values: args.len(),
+        upload_bytes_per_row: index.key_type().width().unwrap_or(8) as f64 + value_bytes,
+    }
+}
+
+/// The rule's decision for `agg`. `merge`: the node is meant for the SlotMerge form (on the
+/// GPU: one partial for all input partitions, so no per-partition slot arrays to cost).
 /// `estimates` holds the row estimates of the pass (see [`RowEstimator`]).
-fn try_as_mphf_aggregate(
+pub(crate) fn decide(
     agg: &AggregateExec,
     costing: &Costing,
     merge: bool,
     estimates: &RowEstimator,
-) -> Result<Option<MphfAggregateExec>> {
+) -> Result<Decision> {
     // Partial, Single and SinglePartitioned read raw rows; Final modes merge states of possibly
     // different keys per partition and stay DataFusion's; PartialReduce is left alone.
     if !matches!(
         agg.mode(),
         AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
     ) {
-        return Ok(None);
+        return Ok(Decision::NotCandidate);
     }
     let group_by = agg.group_expr();
     // Grouping sets (ROLLUP/CUBE) add a grouping id column and null-filled keys.
     if !group_by.is_single() || group_by.expr().is_empty() {
-        return Ok(None);
+        return Ok(Decision::NotCandidate);
     }
     // FILTER clauses and ordered aggregates need per-row masks / sorted input we do not feed.
     if agg.filter_expr().iter().any(Option::is_some) || agg.aggr_expr().iter().any(|a| !a.order_bys().is_empty()) {
-        return Ok(None);
+        return Ok(Decision::NotCandidate);
     }
     // TopK aggregation (limit_options) and streaming aggregation promise orders/limits we don't keep.
     if agg.limit_options().is_some() || agg.properties().output_ordering().is_some() {
-        return Ok(None);
+        return Ok(Decision::NotCandidate);
     }
     let Some((key_pos, handle, key_is_slot)) = indexed_key(agg, costing.require_dependence) else {
-        return Ok(None);
+        return Ok(match indexed_key(agg, false) {
+            Some(_) => Decision::Declined(Declined::new(
+                "the other group columns are not proven to depend on the indexed one".into(),
+                None,
+            )),
+            None => Decision::NotCandidate,
+        });
     };
     // Over a Parquet table with slot maps the scan hands over every row's slot: no lookup.
     let scan_slots = if key_is_slot {
@@ -227,44 +298,65 @@ fn try_as_mphf_aggregate(
             .0
             .downcast_ref::<Column>()
             .is_some_and(|c| hands_table_arrays(agg.input(), c.index()));
+    let rows_estimate = estimates.rows(agg.input());
+    let rows = rows_estimate.unwrap_or(index.stats().rows as f64);
+    let partitions = agg.input().output_partitioning().partition_count().max(1);
     // Every input partition keeps slot arrays of the index's size, unless the partials are
     // to be merged in the range form, which keeps none (the rows are moved instead).
     let slot_entries_fit = |limit: f64, per_partition: bool| {
-        estimates.rows(agg.input()).is_none_or(|rows| {
-            let partitions = match per_partition {
-                true => agg.input().output_partitioning().partition_count().max(1) as f64,
-                false => 1.0,
-            };
-            partitions * slots as f64 <= rows * limit
+        rows_estimate.is_none_or(|rows| {
+            let arrays = if per_partition { partitions as f64 } else { 1.0 };
+            arrays * slots as f64 <= rows * limit
         })
     };
+    let range_form =
+        merge && *agg.mode() == AggregateMode::Partial && takes_range_form(&handle, agg.input(), estimates);
+    let lookup = lookup_of(&handle, key_is_slot, scan_slots.is_some() || reads_row_slots);
+    let shape = shape_of(agg, &handle, lookup, rows, if range_form { 1 } else { partitions });
+    let model = &costing.model;
+    let (cpu_ns, hash_ns) = (model.slot_aggregate_ns(&shape), model.hash_aggregate_ns(&shape));
+    let gpu_ns = (costing.device != Device::Cpu && crate::placement::gpu_usable().is_ok())
+        .then(|| model.gpu_aggregate_ns(&shape));
+    let cpu_estimate = Estimate {
+        mphf_ns: cpu_ns,
+        hash_ns,
+        other_device_ns: gpu_ns,
+        on_gpu: false,
+    };
+    let declined = |reason: String| Ok(Decision::Declined(Declined::new(reason, Some(cpu_estimate))));
     // On the GPU a lookup costs the same clustered or not, and a small slot count is no loss.
-    if let Some(placement) = gpu_placement(
-        agg,
-        key_pos,
-        key_is_slot,
-        scan_slots.is_some() || reads_row_slots,
-        slots,
-        costing,
-        estimates,
-    ) {
+    if let Some(placement) = gpu_placement(agg, key_pos, key_is_slot, &shape, rows_estimate.is_some(), costing) {
         if merge || slot_entries_fit(costing.max_slot_entries_per_row_partitioned, true) {
-            let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_placement(placement);
-            return Ok(Some(exec));
+            let estimate = Estimate {
+                mphf_ns: gpu_ns.unwrap_or(cpu_ns),
+                hash_ns,
+                other_device_ns: Some(cpu_ns),
+                on_gpu: true,
+            };
+            let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos)
+                .with_placement(placement)
+                .with_estimate(Some(estimate));
+            return Ok(Decision::Replaced(exec));
         }
     }
     if slots < costing.min_slots {
-        return Ok(None);
+        return declined(format!(
+            "{slots} slots, fewer than aggregate_min_slots ({}): the hash table stays in cache",
+            costing.min_slots
+        ));
     }
     // With a dense-key table a lookup is one array read, clustered or not; slots need none.
     // Byte keys with the decoded MPHF copy cost less per row than hashing them into a table.
     // (Read straight from a scan only: after a join it loses on many partitions; benches/RESULTS.md.)
-    let cheap_lookup = scan_slots.is_some()
-        || reads_row_slots
-        || index.dense_lookup_bytes() > 0
-        || (index.flat_lookup_bytes() > 0 && index.key_type().width().is_none() && !reads_a_join(agg.input()));
-    if !key_is_slot && !cheap_lookup && handle.info().rows_per_run.unwrap_or(0.0) < costing.min_rows_per_run {
-        return Ok(None);
+    let cheap_lookup = matches!(lookup, Lookup::Copied | Lookup::Dense)
+        || (lookup == Lookup::Flat && index.key_type().width().is_none() && !reads_a_join(agg.input()));
+    let rows_per_run = handle.info().rows_per_run.unwrap_or(0.0);
+    if !cheap_lookup && rows_per_run < costing.min_rows_per_run {
+        return declined(format!(
+            "unclustered key ({rows_per_run:.1} rows per run, fewer than {}) with {} lookups: one MPHF query per row",
+            costing.min_rows_per_run,
+            lookup.name()
+        ));
     }
     // Input hash-partitioned on the key: each partition touches a 1/P share of its slot array,
     // at random, so the arrays cost more per row than over a scan.
@@ -273,10 +365,11 @@ fn try_as_mphf_aggregate(
     } else {
         costing.max_slot_entries_per_row
     };
-    let range_form =
-        merge && *agg.mode() == AggregateMode::Partial && takes_range_form(&handle, agg.input(), estimates);
     if !slot_entries_fit(limit, !range_form) {
-        return Ok(None);
+        let arrays = if range_form { 1 } else { partitions };
+        return declined(format!(
+            "{arrays} slot arrays of {slots} slots for {rows:.0} estimated rows: more than {limit} entries per row"
+        ));
     }
     // Admitted only as the range form: reverted by [`unmerged_reverted`] when no final
     // aggregate takes it into a merged node.
@@ -286,11 +379,23 @@ fn try_as_mphf_aggregate(
     } else {
         MergeForm::Partials
     };
-    Ok(Some(
+    Ok(Decision::Replaced(
         MphfAggregateExec::new(with_slots(agg)?, handle, key_pos)
             .with_merge_form(form)
-            .needing_merge(needs_merge),
+            .needing_merge(needs_merge)
+            .with_estimate(Some(cpu_estimate)),
     ))
+}
+
+/// The physical optimizer rule installing [`MphfAggregateExec`].
+#[derive(Debug, Default)]
+pub struct MphfAggregateRule {}
+
+impl MphfAggregateRule {
+    /// A new rule.
+    pub fn new() -> Self {
+        Self {}
+    }
 }
 
 /// `plan` with every per-partition node that was admitted only for the range form, but was
@@ -354,9 +459,9 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
                     return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
                 }
             }
-            match try_as_mphf_aggregate(agg, costing, merge, &estimates)? {
-                Some(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
-                None => Ok(Transformed::no(node)),
+            match decide(agg, costing, merge, &estimates)? {
+                Decision::Replaced(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
+                Decision::Declined(_) | Decision::NotCandidate => Ok(Transformed::no(node)),
             }
         })
         .data()?;
@@ -425,7 +530,8 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
             outputs,
         )
         .with_placement(partial.placement().clone())
-        .with_form(partial.merge_form()),
+        .with_form(partial.merge_form())
+        .with_estimate(partial.estimate()),
     )
 }
 
@@ -437,16 +543,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         let Some(t) = thresholds_for(cfg, config).filter(|_| cfg.enable_aggregate) else {
             return Ok(plan);
         };
-        let costing = Costing {
-            min_slots: t.aggregate_min_slots,
-            min_rows_per_run: t.aggregate_min_rows_per_run,
-            max_slot_entries_per_row: t.aggregate_max_slot_entries_per_row,
-            max_slot_entries_per_row_partitioned: t.aggregate_max_slot_entries_per_row_partitioned,
-            require_dependence: t.aggregate_require_dependence,
-            device: cfg.aggregate_device,
-            gpu_min_rows: t.aggregate_gpu_min_rows,
-            gpu_emulation: t.gpu_emulation,
-        };
+        let costing = Costing::of(&t, cfg);
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
         let merged = unmerged_reverted(merged)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above

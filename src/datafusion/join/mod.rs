@@ -63,6 +63,7 @@ use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
 use crate::datafusion::once::OncePerExecution;
+use crate::datafusion::plan::cost::Estimate;
 use crate::datafusion::registry::IndexHandle;
 use translate::{probe_index, Translator};
 
@@ -78,6 +79,8 @@ pub struct MphfJoinExec {
     key: usize,
     /// Probe slots by translation, when the probe key carries an index with row slots.
     translator: Option<Arc<Translator>>,
+    /// The rule's estimates (shown by `EXPLAIN`).
+    estimate: Option<Estimate>,
     metrics: ExecutionPlanMetricsSet,
     /// `CollectLeft`: the build side all probe partitions of one execution share.
     shared: OncePerExecution<BuildSide>,
@@ -101,9 +104,26 @@ impl MphfJoinExec {
             index,
             key,
             translator,
+            estimate: None,
             metrics: ExecutionPlanMetricsSet::new(),
             shared: OncePerExecution::default(),
         }
+    }
+
+    /// The same node with the rule's estimates.
+    pub fn with_estimate(mut self, estimate: Option<Estimate>) -> Self {
+        self.estimate = estimate;
+        self
+    }
+
+    /// The rule's estimates.
+    pub fn estimate(&self) -> Option<Estimate> {
+        self.estimate
+    }
+
+    /// Whether the probe key's slots are translated from its own index's row slots.
+    pub fn translates(&self) -> bool {
+        self.translator.is_some()
     }
 
     /// The replaced join.
@@ -275,6 +295,9 @@ impl DisplayAs for MphfJoinExec {
             DisplayFormatType::TreeRender => {
                 writeln!(f, "mode={}", self.mode_name())?;
                 writeln!(f, "join_type={:?}", self.join.join_type())?;
+                if let Some(estimate) = &self.estimate {
+                    writeln!(f, "{estimate}")?;
+                }
                 write!(f, "index={}.{}", info.table, info.column)
             }
             _ => {
@@ -295,6 +318,9 @@ impl DisplayAs for MphfJoinExec {
                 }
                 if let Some(p) = &self.join.projection {
                     write!(f, ", projection={:?}", p.as_ref())?;
+                }
+                if let Some(estimate) = &self.estimate {
+                    write!(f, ", {estimate}")?;
                 }
                 Ok(())
             }
@@ -344,7 +370,9 @@ impl ExecutionPlan for MphfJoinExec {
             return internal_err!("MphfJoinExec: the replaced join changed type");
         };
         let join = Arc::new(join.builder().build()?);
-        Ok(Arc::new(Self::new(join, Arc::clone(&self.index), self.key)))
+        Ok(Arc::new(
+            Self::new(join, Arc::clone(&self.index), self.key).with_estimate(self.estimate),
+        ))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {

@@ -78,7 +78,8 @@ use super::group_count;
 use super::translate::{translates_probe, with_probe_scan_slots};
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::plan::thresholds_for;
+use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
+use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::table::MphfRelabelExec;
 
@@ -94,8 +95,8 @@ impl MphfJoinRule {
 }
 
 /// Costing inputs (the session's `Tuning` under `mphf.costing`, see `plan::thresholds_for`).
-#[derive(Clone, Copy, Debug)]
-struct Costing {
+#[derive(Clone, Debug)]
+pub(crate) struct Costing {
     min_slots: u64,
     min_probe_rows_per_run: f64,
     yield_to_array_map: bool,
@@ -106,9 +107,25 @@ struct Costing {
     /// Most partitions of a `Partitioned` join run one for one (a slot table per partition;
     /// 0: any).
     partitioned_max_partitions: usize,
+    /// The cost model (`Tuning::costs`), for the estimates `EXPLAIN` shows.
+    model: CostModel,
 }
 
 impl Costing {
+    /// The join rule's inputs from the session's thresholds `t` and DataFusion's `config`.
+    pub(crate) fn of(t: &Tuning, config: &ConfigOptions) -> Self {
+        Self {
+            min_slots: t.join_min_slots,
+            min_probe_rows_per_run: t.join_min_probe_rows_per_run,
+            yield_to_array_map: t.join_yield_to_array_map,
+            collect_max_partitions: t.join_collect_max_partitions,
+            partitioned_max_partitions: t.join_partitioned_max_partitions,
+            array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
+            array_map_density: config.execution.perfect_hash_join_min_key_density,
+            model: t.costs.clone(),
+        }
+    }
+
     /// Whether a `Partitioned` join with `probe_partitions` may run in a collect form.
     fn collect_allowed(&self, probe_partitions: usize) -> bool {
         self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions
@@ -160,7 +177,7 @@ pub(crate) fn passes_rows(plan: &Arc<dyn ExecutionPlan>) -> bool {
 }
 
 /// The indexed key pair of `join` and its index, when the join is eligible.
-fn indexed_key(join: &HashJoinExec) -> Option<(usize, Arc<IndexHandle>)> {
+pub(crate) fn indexed_key(join: &HashJoinExec) -> Option<(usize, Arc<IndexHandle>)> {
     if !supports_join_type(*join.join_type())
         || join.null_equality() != NullEquality::NullEqualsNothing
         || join.null_aware
@@ -251,25 +268,73 @@ fn collected(build: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     }
 }
 
-/// The candidate forms of `join` (one for one, collect), each `None` where the rule declines
-/// it, or `None` when it declines both. With `keep_probe_exchange`, the collect form keeps the
-/// probe side's hash repartition (its output stays hash partitioned on the key, see
-/// [`rewrite_feeding`]).
-fn candidates(
-    join: &HashJoinExec,
-    costing: &Costing,
-    keep_probe_exchange: bool,
-) -> Result<Option<(Option<MphfJoinExec>, Option<MphfJoinExec>)>> {
-    let Some((key, handle)) = indexed_key(join) else {
-        return Ok(None);
+/// What the rule can make of one join.
+pub(crate) enum Forms {
+    /// Not a candidate: no indexed build key, or a join the operator does not run.
+    NotCandidate,
+    /// A candidate left to DataFusion, and why.
+    Declined(Declined),
+    /// The one-for-one and collect forms, each `None` where the rule declines it (not both).
+    Some(Option<MphfJoinExec>, Option<MphfJoinExec>),
+}
+
+/// The lookup strategy of `index`'s keys (integer keys with a dense table read it; others
+/// query the MPHF, through the decoded copy when there is one).
+fn build_lookup(index: &IndexHandle) -> Lookup {
+    let index = index.index();
+    if index.dense_lookup_bytes() > 0 {
+        Lookup::Dense
+    } else if index.flat_lookup_bytes() > 0 {
+        Lookup::Flat
+    } else {
+        Lookup::Compact
+    }
+}
+
+/// The estimates of `join` (key pair `key`, indexed by `handle`) on slots and as a hash join.
+fn estimate_of(join: &HashJoinExec, handle: &IndexHandle, key: usize, translated: bool, model: &CostModel) -> Estimate {
+    let table_rows = handle.index().stats().rows as f64;
+    let build_rows = group_count::estimated_rows(join.left()).unwrap_or(table_rows);
+    let lookup = build_lookup(handle);
+    let shape = JoinShape {
+        build_rows,
+        probe_rows: group_count::estimated_rows(join.right()).unwrap_or(build_rows),
+        threads: join.right().output_partitioning().partition_count().max(1),
+        key: match handle.index().key_type().width() {
+            Some(_) => KeyKind::Fixed,
+            None => KeyKind::Bytes,
+        },
+        build_lookup: lookup,
+        probe_lookup: if translated { Lookup::Copied } else { lookup },
+        probe_rows_per_run: probe_rows_per_run(join, key),
     };
-    if handle.index().len() < costing.min_slots {
-        return Ok(None);
+    Estimate {
+        mphf_ns: model.slot_join_ns(&shape),
+        hash_ns: model.hash_join_ns(&shape),
+        other_device_ns: None,
+        on_gpu: false,
+    }
+}
+
+/// The candidate forms of `join` (one for one, collect), or why the rule declines both. With
+/// `keep_probe_exchange`, the collect form keeps the probe side's hash repartition (its output
+/// stays hash partitioned on the key, see [`rewrite_feeding`]).
+pub(crate) fn candidates(join: &HashJoinExec, costing: &Costing, keep_probe_exchange: bool) -> Result<Forms> {
+    let Some((key, handle)) = indexed_key(join) else {
+        return Ok(Forms::NotCandidate);
+    };
+    let slots = handle.index().len();
+    let unpriced = |reason: String| Ok(Forms::Declined(Declined::new(reason, None)));
+    if slots < costing.min_slots {
+        return unpriced(format!(
+            "{slots} slots, fewer than join_min_slots ({}): the hash table stays in cache",
+            costing.min_slots
+        ));
     }
     // Without a dense-key table each probe run costs an MPHF query: worth it for clustered
     // probe keys, or when the probe key's own index translates its slots (per form).
-    let per_row_lookup_pays =
-        handle.index().dense_lookup_bytes() > 0 || probe_rows_per_run(join, key) >= costing.min_probe_rows_per_run;
+    let rows_per_run = probe_rows_per_run(join, key);
+    let per_row_lookup_pays = handle.index().dense_lookup_bytes() > 0 || rows_per_run >= costing.min_probe_rows_per_run;
     let collect_left = *join.partition_mode() == PartitionMode::CollectLeft
         || join.left().output_partitioning().partition_count() <= 1;
     // Partitioned: each partition's hash join sees about 1/P of the build keys over the same range.
@@ -279,7 +344,7 @@ fn candidates(
         join.left().output_partitioning().partition_count()
     };
     if costing.yield_to_array_map && vanilla_uses_array_map(join, &handle, partitions, costing) {
-        return Ok(None);
+        return unpriced("DataFusion runs this join with its dense-integer ArrayMap, one array read per row".into());
     }
     // One for one, a `Partitioned` join builds a slot table per partition, each sized by the
     // whole index while holding 1/P of its keys.
@@ -288,41 +353,68 @@ fn candidates(
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
     let slotted =
         |join: HashJoinExec| -> Result<HashJoinExec> { Ok(with_probe_scan_slots(&join, key)?.unwrap_or(join)) };
-    let one = slotted(join.builder().build()?)?;
-    let one_for_one = match tables_pay && (per_row_lookup_pays || translates_probe(&one, key)) {
-        true => Some(MphfJoinExec::new(Arc::new(one), Arc::clone(&handle), key)),
-        false => None,
+    let priced = |join: HashJoinExec| -> MphfJoinExec {
+        let estimate = estimate_of(&join, &handle, key, translates_probe(&join, key), &costing.model);
+        MphfJoinExec::new(Arc::new(join), Arc::clone(&handle), key).with_estimate(Some(estimate))
     };
+    let one = slotted(join.builder().build()?)?;
+    let one_translates = translates_probe(&one, key);
+    let mut reasons = Vec::new();
+    if !tables_pay {
+        reasons.push(format!(
+            "one for one: {partitions} partitions, more than join_partitioned_max_partitions ({}), each with a slot table of {slots} slots",
+            costing.partitioned_max_partitions
+        ));
+    }
+    let unclustered = || {
+        format!(
+            "no dense key table and an unclustered probe key ({rows_per_run:.1} rows per run, fewer than {}): one MPHF query per probe row",
+            costing.min_probe_rows_per_run
+        )
+    };
+    if !per_row_lookup_pays && !one_translates {
+        reasons.push(unclustered());
+    }
+    let one_for_one = (tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(one));
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
-    if *join.partition_mode() != PartitionMode::Partitioned || !costing.collect_allowed(probe_partitions) {
-        return Ok(one_for_one.map(|one| (Some(one), None)));
-    }
-    let left = collected(without_exchange(join.left(), false));
-    let right = if keep_probe_exchange {
-        Arc::clone(join.right())
+    let collect = if *join.partition_mode() != PartitionMode::Partitioned || !costing.collect_allowed(probe_partitions)
+    {
+        None
     } else {
-        spread(without_exchange(join.right(), false), probe_partitions)?
+        let left = collected(without_exchange(join.left(), false));
+        let right = if keep_probe_exchange {
+            Arc::clone(join.right())
+        } else {
+            spread(without_exchange(join.right(), false), probe_partitions)?
+        };
+        let collected = slotted(
+            join.builder()
+                .with_partition_mode(PartitionMode::CollectLeft)
+                .with_new_children(vec![left, right])?
+                .recompute_properties()
+                .build()?,
+        )?;
+        let translates = translates_probe(&collected, key);
+        if !per_row_lookup_pays && !translates && one_translates {
+            reasons.push(format!("collect form: {}", unclustered()));
+        }
+        (per_row_lookup_pays || translates).then(|| priced(collected))
     };
-    let collected = slotted(
-        join.builder()
-            .with_partition_mode(PartitionMode::CollectLeft)
-            .with_new_children(vec![left, right])?
-            .recompute_properties()
-            .build()?,
-    )?;
-    let collect = (per_row_lookup_pays || translates_probe(&collected, key))
-        .then(|| MphfJoinExec::new(Arc::new(collected), handle, key));
     Ok(match (one_for_one, collect) {
-        (None, None) => None,
-        forms => Some(forms),
+        (None, None) => {
+            let estimate = estimate_of(join, &handle, key, false, &costing.model);
+            reasons.dedup();
+            Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
+        }
+        (one, collect) => Forms::Some(one, collect),
     })
 }
 
 /// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
 /// form: the new build side coalesced, the new probe side read in its own partitions. The
 /// output may differ in partitioning from `join`'s, so only the collect rewrite uses it.
-fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
+pub(crate) fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
     let left = collected(without_exchange(join.right(), true));
     let right = spread(
         without_exchange(join.left(), true),
@@ -350,18 +442,11 @@ fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
 /// The swapped collect form of `join` when its probe (right) side holds the indexed key, with
 /// the projection that restores `join`'s column order.
 fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    if indexed_key(join).is_some()
-        || !supports_join_type(join.join_type().swap())
-        || join.null_aware
-        || join.null_equality() != NullEquality::NullEqualsNothing
-        || join.fetch().is_some()
-        || (*join.partition_mode() == PartitionMode::Partitioned
-            && !costing.collect_allowed(join.properties().output_partitioning().partition_count()))
-    {
+    if indexed_key(join).is_some() || !swappable(join, costing) {
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Some((Some(collect), _)) = candidates(&swapped(join)?, costing, false)? else {
+    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, costing, false)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
@@ -377,6 +462,27 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         &join.left().schema(),
         &join.right().schema(),
     )?))
+}
+
+/// Whether `join` could run swapped (its probe side as the build side) in the collect form.
+pub(crate) fn swappable(join: &HashJoinExec, costing: &Costing) -> bool {
+    supports_join_type(join.join_type().swap())
+        && !join.null_aware
+        && join.null_equality() == NullEquality::NullEqualsNothing
+        && join.fetch().is_none()
+        && (*join.partition_mode() != PartitionMode::Partitioned
+            || costing.collect_allowed(join.properties().output_partitioning().partition_count()))
+}
+
+/// Whether one of `join`'s probe keys is a column with an index label (a cheap test before
+/// [`swapped`] builds the mirrored join).
+pub(crate) fn probe_key_indexed(join: &HashJoinExec) -> bool {
+    let right = join.right().schema();
+    join.on().iter().any(|(_, r)| {
+        r.downcast_ref::<Column>()
+            .and_then(|c| right.fields().get(c.index()))
+            .is_some_and(|f| index_of_field(f).is_some())
+    })
 }
 
 /// Replaces eligible joins top-down, preferring the collect form when `collect`.
@@ -398,8 +504,8 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
             }
         }
         Ok(match candidates(join, costing, false)? {
-            Some((_, Some(c))) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
-            Some((Some(one), _)) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
+            Forms::Some(_, Some(c)) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
+            Forms::Some(Some(one), _) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
             _ => Transformed::no(node),
         })
     })
@@ -446,7 +552,7 @@ fn rewrite_feeding(
         return Ok(None);
     }
     Ok(match candidates(join, costing, true)? {
-        Some((_, Some(c))) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
+        Forms::Some(_, Some(c)) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
         _ => None,
     })
 }
@@ -527,15 +633,7 @@ impl PhysicalOptimizerRule for MphfJoinRule {
         let Some(t) = thresholds_for(cfg, config).filter(|_| cfg.enable_join) else {
             return Ok(plan);
         };
-        let costing = Costing {
-            min_slots: t.join_min_slots,
-            min_probe_rows_per_run: t.join_min_probe_rows_per_run,
-            yield_to_array_map: t.join_yield_to_array_map,
-            collect_max_partitions: t.join_collect_max_partitions,
-            partitioned_max_partitions: t.join_partitioned_max_partitions,
-            array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
-            array_map_density: config.execution.perfect_hash_join_min_key_density,
-        };
+        let costing = Costing::of(&t, config);
         let collected = rewrite(Arc::clone(&plan), true, &costing)?;
         let joined = match SanityCheckPlan::new().optimize(Arc::clone(&collected), config).is_ok() {
             true => collected,

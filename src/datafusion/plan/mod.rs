@@ -4,10 +4,12 @@
 //! Invariant: a rule reads its thresholds through [`thresholds_for`] only, so `mphf.costing`
 //! means the same for every operator.
 
+pub mod cost;
 pub mod tuning;
 
 use ::datafusion::common::config::ConfigOptions;
 
+pub use cost::{CostModel, Estimate};
 pub use tuning::Tuning;
 
 use crate::datafusion::config::{CostingMode, MphfConfig};
@@ -21,5 +23,32 @@ pub fn thresholds_for(cfg: &MphfConfig, config: &ConfigOptions) -> Option<Tuning
         CostingMode::Auto => Some(tuning),
         CostingMode::Always => Some(tuning.without_thresholds()),
         CostingMode::Never => None,
+    }
+}
+
+/// A candidate the rules left to DataFusion: why, and the estimates where it was priced
+/// (shown by `EXPLAIN` on the `MphfDeclined` node over it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Declined {
+    /// Why, in words naming the threshold or the estimate that decided.
+    pub reason: String,
+    /// Ours against DataFusion's, where the candidate got that far.
+    pub estimate: Option<cost::Estimate>,
+}
+
+impl Declined {
+    /// A decline for `reason`.
+    pub fn new(reason: String, estimate: Option<cost::Estimate>) -> Self {
+        Self { reason, estimate }
+    }
+}
+
+impl std::fmt::Display for Declined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "reason={}", self.reason)?;
+        match &self.estimate {
+            Some(estimate) => write!(f, ", {estimate}"),
+            None => Ok(()),
+        }
     }
 }

@@ -12,6 +12,7 @@ use std::any::Any;
 use ::datafusion::common::config::{ConfigEntry, ConfigExtension, ConfigOptions, ExtensionOptions};
 use ::datafusion::common::{DataFusionError, Result};
 
+use super::cost::CostModel;
 use crate::datafusion::aggregate::{GPU_MIN_ROWS, MIN_SLOTS};
 use crate::datafusion::udf::GPU_LOOKUP_MIN_ROWS;
 
@@ -60,6 +61,8 @@ pub struct Tuning {
     pub join_partitioned_max_partitions: usize,
     /// JOIN: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
     pub join_yield_to_array_map: bool,
+    /// The cost model's constants (the estimates `EXPLAIN` shows, the device choice).
+    pub costs: CostModel,
 }
 
 impl Default for Tuning {
@@ -80,6 +83,7 @@ impl Default for Tuning {
             join_collect_max_partitions: 0,
             join_partitioned_max_partitions: 4,
             join_yield_to_array_map: true,
+            costs: CostModel::default(),
         }
     }
 }
@@ -136,9 +140,10 @@ impl Tuning {
             "join_collect_max_partitions" => self.join_collect_max_partitions = parsed(name, value)?,
             "join_partitioned_max_partitions" => self.join_partitioned_max_partitions = parsed(name, value)?,
             "join_yield_to_array_map" => self.join_yield_to_array_map = parsed(name, value)?,
+            other if CostModel::names().contains(&other) => return self.costs.assign(other, value),
             other => {
                 return Err(DataFusionError::Configuration(format!(
-                    "no planner threshold named {other:?}"
+                    "no planner threshold or cost constant named {other:?}"
                 )))
             }
         }

@@ -1,0 +1,250 @@
+//! Why a candidate stayed DataFusion's: [`MphfExplainRule`] puts an [`MphfDeclinedExec`] over
+//! every aggregate and join that has an indexed key but was left to DataFusion, so that
+//! `EXPLAIN` shows the reason and the estimates next to it:
+//!
+//! ```text
+//! MphfDeclined: reason=unclustered key (1.0 rows per run, fewer than 2) with compact lookups: one MPHF query per row, cost=210ms vs hash 96.0ms
+//!   AggregateExec: mode=Partial, gby=[id@0 as id], aggr=[count(Int64(1))]
+//! ```
+//!
+//! The rule runs after the aggregate and join rules and asks them the same question they
+//! decided on ([`aggregate::decide`](crate::datafusion::aggregate::decide),
+//! [`join::rule::candidates`]), so a reason is the rules' own. The node does nothing at run
+//! time: `execute` is its input's, and it keeps its input's properties, so no rule or
+//! requirement sees a difference.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use ::datafusion::common::config::ConfigOptions;
+use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use ::datafusion::common::{internal_err, Result, Statistics};
+use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
+use ::datafusion::physical_plan::aggregates::AggregateExec;
+use ::datafusion::physical_plan::joins::HashJoinExec;
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use ::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+
+use super::aggregate::{self, Decision, RowEstimator};
+use super::config::MphfConfig;
+use super::join::rule::{self as join_rule, Forms};
+use super::plan::{thresholds_for, Declined};
+
+/// A candidate left to DataFusion, shown with the reason (see the module docs). Runs its input.
+#[derive(Debug)]
+pub struct MphfDeclinedExec {
+    input: Arc<dyn ExecutionPlan>,
+    declined: Declined,
+}
+
+impl MphfDeclinedExec {
+    /// `input` (the declined node), annotated with `declined`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, declined: Declined) -> Self {
+        Self { input, declined }
+    }
+
+    /// Why the node below was declined.
+    pub fn declined(&self) -> &Declined {
+        &self.declined
+    }
+}
+
+impl DisplayAs for MphfDeclinedExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "{}", self.declined),
+            _ => write!(f, "MphfDeclined: {}", self.declined),
+        }
+    }
+}
+
+impl ExecutionPlan for MphfDeclinedExec {
+    fn name(&self) -> &str {
+        "MphfDeclinedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return internal_err!("MphfDeclinedExec takes one child, got {}", children.len());
+        }
+        Ok(Arc::new(Self::new(children.remove(0), self.declined.clone())))
+    }
+
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(::datafusion::physical_plan::ChildrenPropertiesMode::Recompute),
+        )
+    }
+
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        match input_stats.first() {
+            Some(stats) => Ok(Arc::clone(stats)),
+            None => internal_err!("MphfDeclinedExec: no input statistics"),
+        }
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn supports_limit_pushdown(&self) -> bool {
+        true
+    }
+}
+
+/// The physical optimizer rule that annotates declined candidates (see the module docs).
+#[derive(Debug, Default)]
+pub struct MphfExplainRule {}
+
+impl MphfExplainRule {
+    /// A new rule.
+    pub fn new() -> Self {
+        Self {}
+    }
+}
+
+/// Why the aggregate `agg`, still DataFusion's, was declined (`None`: not a candidate).
+fn aggregate_reason(
+    agg: &AggregateExec,
+    costing: &aggregate::Costing,
+    estimates: &RowEstimator,
+) -> Result<Option<Declined>> {
+    Ok(match aggregate::decide(agg, costing, true, estimates)? {
+        Decision::NotCandidate => None,
+        Decision::Declined(declined) => Some(declined),
+        // Admitted only as the partial of a range-form merge that no final aggregate made, or
+        // kept because the slot-range merge broke a requirement above and the per-partition
+        // form was declined.
+        Decision::Replaced(exec) => Some(Declined::new(
+            match exec.needs_merge() {
+                true => "its slot arrays fit only in the range form, and no final aggregate above merges it".into(),
+                false => "the slot-range merge breaks a distribution or ordering a node above requires".into(),
+            },
+            exec.estimate(),
+        )),
+    })
+}
+
+/// Why the join `join`, still DataFusion's, was declined (`None`: not a candidate).
+fn join_reason(join: &HashJoinExec, costing: &join_rule::Costing) -> Result<Option<Declined>> {
+    if join_rule::indexed_key(join).is_none() {
+        // Only the probe side indexed: the rule tried the swapped collect form.
+        if !join_rule::swappable(join, costing) || !join_rule::probe_key_indexed(join) {
+            return Ok(None);
+        }
+        return Ok(
+            match join_rule::candidates(&join_rule::swapped(join)?, costing, false)? {
+                Forms::Declined(d) => Some(Declined::new(format!("swapped: {}", d.reason), d.estimate)),
+                Forms::Some(..) => Some(Declined::new(
+                    "swapped: the collect form breaks a distribution or ordering a node above requires".into(),
+                    None,
+                )),
+                Forms::NotCandidate => None,
+            },
+        );
+    }
+    Ok(match join_rule::candidates(join, costing, false)? {
+        Forms::NotCandidate => None,
+        Forms::Declined(declined) => Some(declined),
+        Forms::Some(one, collect) => {
+            let estimate = one.as_ref().or(collect.as_ref()).and_then(|e| e.estimate());
+            Some(Declined::new(
+                "the collect form breaks a distribution or ordering a node above requires, and the one-for-one form was declined".into(),
+                estimate,
+            ))
+        }
+    })
+}
+
+impl PhysicalOptimizerRule for MphfExplainRule {
+    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(cfg) = config.extensions.get::<MphfConfig>() else {
+            return Ok(plan);
+        };
+        let Some(t) = thresholds_for(cfg, config) else {
+            return Ok(plan);
+        };
+        let aggregates = cfg.enable_aggregate.then(|| aggregate::Costing::of(&t, cfg));
+        let joins = cfg.enable_join.then(|| join_rule::Costing::of(&t, config));
+        // Top-down, so that each candidate is asked about with its original subtree (the rules'
+        // walks do not know the annotation); `original` keeps every node of that plan alive for
+        // the pass, so the estimator's node addresses stay valid, and `annotated` keeps a
+        // node from being annotated again when the walk reaches it below its annotation.
+        let original = Arc::clone(&plan);
+        let estimates = RowEstimator::new();
+        let mut annotated = HashSet::new();
+        let annotated_plan = plan
+            .transform_down(|node| {
+                let address = Arc::as_ptr(&node) as *const () as usize;
+                if annotated.contains(&address) {
+                    return Ok(Transformed::no(node));
+                }
+                let declined = if let (Some(agg), Some(costing)) = (node.downcast_ref::<AggregateExec>(), &aggregates) {
+                    aggregate_reason(agg, costing, &estimates)?
+                } else if let (Some(join), Some(costing)) = (node.downcast_ref::<HashJoinExec>(), &joins) {
+                    join_reason(join, costing)?
+                } else {
+                    None
+                };
+                Ok(match declined {
+                    Some(declined) => {
+                        annotated.insert(address);
+                        Transformed::yes(Arc::new(MphfDeclinedExec::new(node, declined)) as Arc<dyn ExecutionPlan>)
+                    }
+                    None => Transformed::no(node),
+                })
+            })
+            .data();
+        drop(original);
+        annotated_plan
+    }
+
+    fn name(&self) -> &str {
+        "mphf_explain"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}

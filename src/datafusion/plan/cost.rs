@@ -1,0 +1,500 @@
+//! The cost model: named per-row and per-slot constants, and the estimates the rules compare
+//! and `EXPLAIN` prints (`cost=… vs hash …`).
+//!
+//! Every figure is nanoseconds of one core's work (or of wall time on the device, for the GPU
+//! figures); an estimate divides the cores' share by the node's input partitions, the threads
+//! DataFusion runs it on. The estimates price only what differs between the two plans (the
+//! grouping or join work, not the scan both read), so a ratio of two estimates is what the
+//! rule decides on, and the absolute figures say where the time goes.
+//!
+//! The defaults are measured on the 16-core GPU host, per core (benches/RESULTS.md, "The cost
+//! model's constants"). `mphf calibrate` measures the CPU figures on the machine it runs on and
+//! writes them in the text form that [`CostModel::parse`] reads (`name = value` lines, `#`
+//! comments), so a session can plan with its own machine's figures (`MphfContext::load_costs`).
+//!
+//! Invariant: a constant is used in exactly one formula below; rules never carry their own
+//! per-row figures.
+
+use std::fmt;
+
+use ::datafusion::common::{DataFusionError, Result};
+
+/// How the operator finds a row's slot (the index's lookup strategy, or none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The scan hands the slot over (slot maps, row slots): a copy.
+    Copied,
+    /// The dense key → slot table: one array read.
+    Dense,
+    /// The decoded MPHF copy, verified against the key.
+    Flat,
+    /// The compact MPHF, verified against the key.
+    Compact,
+}
+
+impl Lookup {
+    /// The name `EXPLAIN` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lookup::Copied => "copied",
+            Lookup::Dense => "dense",
+            Lookup::Flat => "flat",
+            Lookup::Compact => "compact",
+        }
+    }
+}
+
+/// Integer-like keys (fixed width) or byte keys (strings, binary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// Integers, dates, timestamps.
+    Fixed,
+    /// Strings and binary.
+    Bytes,
+}
+
+/// The constants (see each field; defaults in [`CostModel::default`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    /// DataFusion's hash aggregation, per input row of an integer key.
+    pub hash_aggregate_fixed_ns: f64,
+    /// The same for a byte key.
+    pub hash_aggregate_bytes_ns: f64,
+    /// DataFusion's hash join, per build row (integer key).
+    pub hash_build_fixed_ns: f64,
+    /// The same for a byte key.
+    pub hash_build_bytes_ns: f64,
+    /// DataFusion's hash join, per probe row (integer key).
+    pub hash_probe_fixed_ns: f64,
+    /// The same for a byte key.
+    pub hash_probe_bytes_ns: f64,
+    /// Our aggregation on slots, per input row, before lookups (group id, accumulators).
+    pub slot_row_ns: f64,
+    /// Our aggregation on slots, per aggregate argument and input row.
+    pub slot_value_ns: f64,
+    /// Our join on slots, per build or probe row, before lookups (slot table, gather).
+    pub slot_join_row_ns: f64,
+    /// Per slot-array entry a partition keeps and scans when it emits, while the arrays fit in
+    /// [`cache_bytes`](Self::cache_bytes).
+    pub slot_entry_ns: f64,
+    /// The same once a partition's arrays outgrow the cache (each entry is a memory access).
+    pub slot_entry_uncached_ns: f64,
+    /// The last-level cache the slot arrays of one partition compete for.
+    pub cache_bytes: f64,
+    /// A lookup that copies the scan's slot.
+    pub lookup_copied_ns: f64,
+    /// A lookup in the dense key table.
+    pub lookup_dense_ns: f64,
+    /// A verified lookup in the decoded MPHF copy, integer key.
+    pub lookup_flat_fixed_ns: f64,
+    /// The same for a byte key.
+    pub lookup_flat_bytes_ns: f64,
+    /// A verified lookup in the compact MPHF, integer key.
+    pub lookup_compact_fixed_ns: f64,
+    /// The same for a byte key.
+    pub lookup_compact_bytes_ns: f64,
+    /// The GPU placement's fixed cost per query (launches, synchronisation), wall ns.
+    pub gpu_call_ns: f64,
+    /// Host → device copy rate of the staged columns, bytes per ns.
+    pub gpu_upload_bytes_per_ns: f64,
+    /// The GPU placement, per row of a byte key: hashing the strings for the device (wall ns).
+    pub gpu_bytes_key_row_ns: f64,
+    /// The GPU placement's host work per slot: the per-slot results turned into states and
+    /// merged by slot range (wall ns).
+    pub gpu_slot_ns: f64,
+    /// The GPU placement is taken when its estimate times this margin is below the CPU's: the
+    /// device host's run-to-run noise is large, and a placement that is not clearly ahead is
+    /// not worth the device.
+    pub gpu_margin: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self {
+            hash_aggregate_fixed_ns: 80.0,
+            hash_aggregate_bytes_ns: 240.0,
+            hash_build_fixed_ns: 60.0,
+            hash_build_bytes_ns: 160.0,
+            hash_probe_fixed_ns: 40.0,
+            hash_probe_bytes_ns: 110.0,
+            slot_row_ns: 40.0,
+            slot_value_ns: 15.0,
+            slot_join_row_ns: 15.0,
+            slot_entry_ns: 1.0,
+            slot_entry_uncached_ns: 9.6,
+            cache_bytes: 32.0 * 1024.0 * 1024.0,
+            lookup_copied_ns: 1.0,
+            lookup_dense_ns: 2.0,
+            lookup_flat_fixed_ns: 30.0,
+            lookup_flat_bytes_ns: 40.0,
+            lookup_compact_fixed_ns: 60.0,
+            lookup_compact_bytes_ns: 72.0,
+            gpu_call_ns: 1.0e6,
+            gpu_upload_bytes_per_ns: 14.0,
+            gpu_bytes_key_row_ns: 31.0,
+            gpu_slot_ns: 12.0,
+            gpu_margin: 1.25,
+        }
+    }
+}
+
+/// The message of a configuration error, without DataFusion's prefix (for nesting it).
+pub fn message_of(e: DataFusionError) -> String {
+    match e {
+        DataFusionError::Configuration(message) => message,
+        other => other.strip_backtrace(),
+    }
+}
+
+/// Every constant by name, for [`CostModel::parse`] and [`CostModel::to_text`].
+macro_rules! for_each_constant {
+    ($m:ident) => {
+        $m!(
+            hash_aggregate_fixed_ns,
+            hash_aggregate_bytes_ns,
+            hash_build_fixed_ns,
+            hash_build_bytes_ns,
+            hash_probe_fixed_ns,
+            hash_probe_bytes_ns,
+            slot_row_ns,
+            slot_value_ns,
+            slot_join_row_ns,
+            slot_entry_ns,
+            slot_entry_uncached_ns,
+            cache_bytes,
+            lookup_copied_ns,
+            lookup_dense_ns,
+            lookup_flat_fixed_ns,
+            lookup_flat_bytes_ns,
+            lookup_compact_fixed_ns,
+            lookup_compact_bytes_ns,
+            gpu_call_ns,
+            gpu_upload_bytes_per_ns,
+            gpu_bytes_key_row_ns,
+            gpu_slot_ns,
+            gpu_margin
+        )
+    };
+}
+
+impl CostModel {
+    /// Sets the constant `name` from text. Values must be finite and positive (a zero rate or
+    /// margin would make every estimate meaningless).
+    pub fn assign(&mut self, name: &str, value: &str) -> Result<()> {
+        let value = value.trim();
+        let parsed: f64 = value.parse().map_err(|_| {
+            DataFusionError::Configuration(format!("cost constant {name}: cannot parse {value:?} as a number"))
+        })?;
+        if !parsed.is_finite() || parsed <= 0.0 {
+            return Err(DataFusionError::Configuration(format!(
+                "cost constant {name}: {value} is not a positive number"
+            )));
+        }
+        macro_rules! set {
+            ($($field:ident),*) => {
+                match name {
+                    $(stringify!($field) => self.$field = parsed,)*
+                    other => {
+                        return Err(DataFusionError::Configuration(format!(
+                            "no cost constant named {other:?}"
+                        )))
+                    }
+                }
+            };
+        }
+        for_each_constant!(set);
+        Ok(())
+    }
+
+    /// The defaults with the constants of `text` (`name = value` lines, `#` comments, blank
+    /// lines) set; the error names the line.
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut model = Self::default();
+        for (number, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let Some((name, value)) = line.split_once('=') else {
+                return Err(DataFusionError::Configuration(format!(
+                    "cost file line {}: expected `name = value`, found {line:?}",
+                    number + 1
+                )));
+            };
+            model.assign(name.trim(), value).map_err(|e| {
+                DataFusionError::Configuration(format!("cost file line {}: {}", number + 1, message_of(e)))
+            })?;
+        }
+        Ok(model)
+    }
+
+    /// The constants' names.
+    pub fn names() -> &'static [&'static str] {
+        macro_rules! names {
+            ($($field:ident),*) => {
+                &[$(stringify!($field)),*]
+            };
+        }
+        for_each_constant!(names)
+    }
+
+    /// The model as `name = value` lines (what [`parse`](Self::parse) reads).
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        macro_rules! write_all {
+            ($($field:ident),*) => {
+                $(out.push_str(&format!("{} = {}\n", stringify!($field), self.$field));)*
+            };
+        }
+        for_each_constant!(write_all);
+        out
+    }
+
+    /// One lookup's cost.
+    pub fn lookup_ns(&self, lookup: Lookup, kind: KeyKind) -> f64 {
+        match (lookup, kind) {
+            (Lookup::Copied, _) => self.lookup_copied_ns,
+            (Lookup::Dense, _) => self.lookup_dense_ns,
+            (Lookup::Flat, KeyKind::Fixed) => self.lookup_flat_fixed_ns,
+            (Lookup::Flat, KeyKind::Bytes) => self.lookup_flat_bytes_ns,
+            (Lookup::Compact, KeyKind::Fixed) => self.lookup_compact_fixed_ns,
+            (Lookup::Compact, KeyKind::Bytes) => self.lookup_compact_bytes_ns,
+        }
+    }
+
+    /// A lookup's cost per row when runs of equal keys share one (the MPHF strategies reuse the
+    /// slot of a repeated key; a copy or an array read costs the same per row anyway).
+    fn lookup_per_row_ns(&self, lookup: Lookup, kind: KeyKind, rows_per_run: f64) -> f64 {
+        match lookup {
+            Lookup::Copied | Lookup::Dense => self.lookup_ns(lookup, kind),
+            Lookup::Flat | Lookup::Compact => self.lookup_ns(lookup, kind) / rows_per_run.max(1.0),
+        }
+    }
+
+    /// DataFusion's hash aggregation of `shape`.
+    pub fn hash_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
+        let per_row = match shape.key {
+            KeyKind::Fixed => self.hash_aggregate_fixed_ns,
+            KeyKind::Bytes => self.hash_aggregate_bytes_ns,
+        };
+        shape.rows * per_row / shape.threads()
+    }
+
+    /// Our aggregation of `shape` on the CPU.
+    pub fn slot_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
+        let per_row = self.slot_row_ns
+            + self.slot_value_ns * shape.values as f64
+            + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run);
+        // A slot → group id (4 bytes) and the states' share per slot, per partition.
+        let array_bytes = shape.slots * (4.0 + 8.0 * shape.values.max(1) as f64);
+        let per_entry = match array_bytes <= self.cache_bytes {
+            true => self.slot_entry_ns,
+            false => self.slot_entry_uncached_ns,
+        };
+        (shape.rows * per_row + shape.slot_entries() * per_entry) / shape.threads()
+    }
+
+    /// Our aggregation of `shape` on the GPU (wall time: the device and the host's per-slot work).
+    pub fn gpu_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
+        let upload = shape.rows * shape.upload_bytes_per_row / self.gpu_upload_bytes_per_ns;
+        let key_hashing = match shape.key {
+            KeyKind::Fixed => 0.0,
+            KeyKind::Bytes => shape.rows * self.gpu_bytes_key_row_ns,
+        };
+        self.gpu_call_ns + upload + key_hashing + shape.slots * self.gpu_slot_ns
+    }
+
+    /// Whether the GPU placement pays for `shape`: its estimate, with the margin, below the CPU's.
+    pub fn gpu_pays(&self, shape: &AggregateShape) -> bool {
+        self.gpu_aggregate_ns(shape) * self.gpu_margin < self.slot_aggregate_ns(shape)
+    }
+
+    /// DataFusion's hash join of `shape`.
+    pub fn hash_join_ns(&self, shape: &JoinShape) -> f64 {
+        let (build, probe) = match shape.key {
+            KeyKind::Fixed => (self.hash_build_fixed_ns, self.hash_probe_fixed_ns),
+            KeyKind::Bytes => (self.hash_build_bytes_ns, self.hash_probe_bytes_ns),
+        };
+        (shape.build_rows * build + shape.probe_rows * probe) / shape.threads.max(1) as f64
+    }
+
+    /// Our join of `shape` on slots.
+    pub fn slot_join_ns(&self, shape: &JoinShape) -> f64 {
+        let build = self.slot_join_row_ns + self.lookup_ns(shape.build_lookup, shape.key);
+        let probe =
+            self.slot_join_row_ns + self.lookup_per_row_ns(shape.probe_lookup, shape.key, shape.probe_rows_per_run);
+        (shape.build_rows * build + shape.probe_rows * probe) / shape.threads.max(1) as f64
+    }
+}
+
+/// What an aggregate's estimates depend on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AggregateShape {
+    /// Estimated input rows.
+    pub rows: f64,
+    /// The index's slots.
+    pub slots: f64,
+    /// Input partitions (threads).
+    pub partitions: usize,
+    /// Partitions that keep slot arrays of the full slot count (1 for the range form).
+    pub slot_arrays: usize,
+    /// The key's kind.
+    pub key: KeyKind,
+    /// How a row finds its slot.
+    pub lookup: Lookup,
+    /// Rows per run of equal keys in the input (1 when unknown).
+    pub rows_per_run: f64,
+    /// Aggregate arguments (value columns).
+    pub values: usize,
+    /// Bytes per row the GPU placement uploads (key and value columns).
+    pub upload_bytes_per_row: f64,
+}
+
+impl AggregateShape {
+    fn threads(&self) -> f64 {
+        self.partitions.max(1) as f64
+    }
+
+    fn slot_entries(&self) -> f64 {
+        self.slot_arrays as f64 * self.slots
+    }
+}
+
+/// What a join's estimates depend on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoinShape {
+    /// Rows of the build side (the indexed table's rows, filtered or not).
+    pub build_rows: f64,
+    /// Estimated probe rows.
+    pub probe_rows: f64,
+    /// Probe partitions (threads).
+    pub threads: usize,
+    /// The key's kind.
+    pub key: KeyKind,
+    /// How a build row finds its slot.
+    pub build_lookup: Lookup,
+    /// How a probe row finds its slot.
+    pub probe_lookup: Lookup,
+    /// Rows per run of equal probe keys (1 when unknown).
+    pub probe_rows_per_run: f64,
+}
+
+/// Two estimates of one node: ours and DataFusion's (ns), and the GPU's where it was priced.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Estimate {
+    /// The operator on slots as placed (CPU, or GPU when `on_gpu`).
+    pub mphf_ns: f64,
+    /// DataFusion's hash operator.
+    pub hash_ns: f64,
+    /// The other placement's estimate, where both were priced (the CPU's for a GPU node, the
+    /// GPU's for a CPU node).
+    pub other_device_ns: Option<f64>,
+    /// The node runs on the GPU.
+    pub on_gpu: bool,
+}
+
+/// Milliseconds with a precision that suits their size.
+fn ms(ns: f64) -> String {
+    let ms = ns / 1e6;
+    if ms >= 100.0 {
+        format!("{ms:.0}ms")
+    } else if ms >= 1.0 {
+        format!("{ms:.1}ms")
+    } else {
+        format!("{ms:.3}ms")
+    }
+}
+
+impl fmt::Display for Estimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cost={} vs hash {}", ms(self.mphf_ns), ms(self.hash_ns))?;
+        match (self.other_device_ns, self.on_gpu) {
+            (Some(cpu), true) => write!(f, " (cpu {})", ms(cpu)),
+            (Some(gpu), false) => write!(f, " (gpu {})", ms(gpu)),
+            (None, _) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(rows: f64, slots: f64, rows_per_run: f64, values: usize) -> AggregateShape {
+        AggregateShape {
+            rows,
+            slots,
+            partitions: 16,
+            slot_arrays: 16,
+            key: KeyKind::Fixed,
+            lookup: Lookup::Dense,
+            rows_per_run,
+            values,
+            upload_bytes_per_row: 8.0 + 16.0 * values as f64,
+        }
+    }
+
+    #[test]
+    fn text_round_trips_and_errors_name_the_line() {
+        let mut model = CostModel::default();
+        model.assign("slot_row_ns", "12.5").unwrap();
+        assert_eq!(CostModel::parse(&model.to_text()).unwrap(), model);
+        let parsed = CostModel::parse("# measured here\n\nlookup_dense_ns = 3 # comment\n").unwrap();
+        assert_eq!(parsed.lookup_dense_ns, 3.0);
+        assert_eq!(parsed.slot_row_ns, CostModel::default().slot_row_ns);
+        let err = CostModel::parse("slot_row_ns = 1\nbogus = 2\n")
+            .unwrap_err()
+            .strip_backtrace();
+        assert_eq!(
+            err,
+            "Invalid or Unsupported Configuration: cost file line 2: no cost constant named \"bogus\""
+        );
+        let err = CostModel::parse("gpu_margin = 0").unwrap_err().strip_backtrace();
+        assert!(
+            err.ends_with("cost constant gpu_margin: 0 is not a positive number"),
+            "{err}"
+        );
+        let err = CostModel::parse("gpu_margin 2").unwrap_err().strip_backtrace();
+        assert!(
+            err.ends_with("cost file line 1: expected `name = value`, found \"gpu_margin 2\""),
+            "{err}"
+        );
+        let err = CostModel::parse("slot_row_ns = fast").unwrap_err().strip_backtrace();
+        assert!(
+            err.ends_with("cost constant slot_row_ns: cannot parse \"fast\" as a number"),
+            "{err}"
+        );
+    }
+
+    /// The placements the H200 measurements call for (benches/RESULTS-gpu.md, "Speed-up over
+    /// vanilla DataFusion"): the CPU for GROUP BY l_orderkey at SF 1 (1.5M slots, the per-slot
+    /// host work outweighs the rows), the GPU for it at SF 10 and for l_partkey at SF 1 and 10,
+    /// and the CPU for o_orderkey (one row per slot).
+    #[test]
+    fn gpu_placement_follows_the_measured_crossovers() {
+        let model = CostModel::default();
+        assert!(!model.gpu_pays(&shape(6e6, 1.5e6, 4.0, 1)), "l_orderkey SF 1");
+        assert!(model.gpu_pays(&shape(6e7, 1.5e7, 4.0, 0)), "l_orderkey count(*) SF 10");
+        assert!(model.gpu_pays(&shape(6e6, 2e5, 1.0, 1)), "l_partkey SF 1");
+        assert!(model.gpu_pays(&shape(6e7, 2e6, 1.0, 1)), "l_partkey SF 10");
+        assert!(!model.gpu_pays(&shape(1.5e7, 1.5e7, 1.0, 2)), "o_orderkey SF 10");
+    }
+
+    #[test]
+    fn estimates_show_in_milliseconds() {
+        let e = Estimate {
+            mphf_ns: 41.2e6,
+            hash_ns: 96.0e6,
+            other_device_ns: Some(250.0e6),
+            on_gpu: false,
+        };
+        assert_eq!(e.to_string(), "cost=41.2ms vs hash 96.0ms (gpu 250ms)");
+        let e = Estimate {
+            mphf_ns: 0.5e6,
+            hash_ns: 2.0e6,
+            other_device_ns: None,
+            on_gpu: true,
+        };
+        assert_eq!(e.to_string(), "cost=0.500ms vs hash 2.0ms");
+    }
+}
