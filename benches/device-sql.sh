@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms | gpu | gpu10 | gpubuild
+PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -20,6 +20,28 @@ if [ "$PART" = sf1 ]; then
   timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1_p16.md" 2>&1
   log "bench groupby SF 10, 16 partitions (dependent columns)"
   timeout 150 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "order columns" > "$OUT/groupby_sf10_p16_dep.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = auto ]; then
+  # Issue 23: the cost model's constants measured on this host (one core), and `mphf demo`
+  # (SF 1, 16 partitions, `auto` placement) in 3 processes.
+  log "calibrate"
+  timeout 150 "$BIN" calibrate --out "$OUT/costs.txt" > "$OUT/calibrate.txt" 2>&1
+  for p in 1 2 3; do
+    log "demo, process $p"
+    timeout 150 "$BIN" demo --runs 5 > "$OUT/demo_p$p.txt" 2>&1
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = auto10 ]; then
+  # Issue 23: SF 10 GROUP BYs with the default `auto` placement (the cost model's device choice).
+  log "bench groupby SF 10, auto"
+  timeout 500 "$BIN" bench groupby --scale 10 --runs 3 --markdown --explain --only "GROUP BY l_orderkey" \
+    --only "GROUP BY l_partkey" --only "o_cname" > "$OUT/gb_sf10_auto.md" 2>&1
   log "done"
   exit 0
 fi

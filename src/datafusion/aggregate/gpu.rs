@@ -27,7 +27,6 @@
 //!   evaluating the input): the caller prints one notice and aggregates on the CPU.
 //! - One GPU aggregation at a time per process (they share the context's stream).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -43,7 +42,7 @@ use ::datafusion::physical_expr::expressions::Literal;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 
-use super::groups::SlotGroups;
+use super::device::DeviceAggregation;
 use super::slot_states::SlotStates;
 use crate::datafusion::error::gpu_to_df;
 use crate::datafusion::registry::IndexHandle;
@@ -54,8 +53,6 @@ use rayon::prelude::*;
 
 /// Serializes GPU aggregations (one stream per process).
 static GPU_AGGREGATION: Mutex<()> = Mutex::new(());
-/// The CPU-fallback notice is printed once per process.
-static NOTICE_PRINTED: AtomicBool = AtomicBool::new(false);
 
 /// What one state field of an aggregate holds, per group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +201,7 @@ impl GpuAggregation {
     }
 
     /// The rows of `batches` whose key is NULL (the CPU aggregates them).
-    pub(super) fn null_key_rows(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    fn rows_with_null_keys(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
         for b in batches {
             let key = self.key_column(b)?;
@@ -217,8 +214,8 @@ impl GpuAggregation {
 
     /// Looks up and aggregates `batches` on the GPU. `Ok(None)`: some non-NULL key is not in
     /// the index (aggregate on the CPU instead). `Err`: the GPU path failed (see the module
-    /// docs); the caller aggregates on the CPU with [`notice_cpu_fallback`].
-    pub(super) fn run(&self, index: &IndexHandle, batches: &[RecordBatch]) -> Result<Option<SlotStates>> {
+    /// docs); the caller aggregates on the CPU with `device::notice_cpu_fallback`.
+    fn aggregate_on_gpu(&self, index: &IndexHandle, batches: &[RecordBatch]) -> Result<Option<SlotStates>> {
         let evaluate = |expr: &Arc<dyn PhysicalExpr>| -> Result<Vec<ArrayRef>> {
             batches
                 .iter()
@@ -426,40 +423,17 @@ fn state_array(
     Ok(array)
 }
 
-/// Aggregates `batches` into `groups`: on the GPU, then the NULL-key rows on the CPU; the
-/// whole input on the CPU when some key is not in the index or the GPU fails (with a notice).
-pub(super) fn aggregate_into(
-    groups: &mut SlotGroups,
-    gpu: &GpuAggregation,
-    index: &IndexHandle,
-    batches: &[RecordBatch],
-) -> Result<()> {
-    match gpu.run(index, batches) {
-        Ok(Some(states)) => {
-            groups.merge_slot_states(&states)?;
-            for b in gpu.null_key_rows(batches)? {
-                groups.accumulate(&b)?;
-            }
-            return Ok(());
-        }
-        Ok(None) => {}
-        Err(why) => notice_cpu_fallback(&why),
+impl DeviceAggregation for GpuAggregation {
+    fn device_name(&self) -> &'static str {
+        "gpu"
     }
-    for b in batches {
-        groups.accumulate(b)?;
-    }
-    Ok(())
-}
 
-/// Prints the CPU-fallback notice (once per process). An `External` error (a GPU, Arrow or
-/// index error) is printed as itself, without DataFusion's "External error: " prefix.
-pub(super) fn notice_cpu_fallback(why: &DataFusionError) {
-    if !NOTICE_PRINTED.swap(true, Ordering::Relaxed) {
-        let why: &dyn std::fmt::Display = match why {
-            DataFusionError::External(e) => e,
-            other => other,
-        };
-        eprintln!("mphf: GPU aggregation unavailable ({why}); aggregating on the CPU");
+    fn run(&self, index: &IndexHandle, batches: &[RecordBatch]) -> Result<Option<SlotStates>> {
+        self.aggregate_on_gpu(index, batches)
+    }
+
+    fn null_key_rows(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+        self.rows_with_null_keys(batches)
     }
 }
 

@@ -26,7 +26,6 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use super::grouping::{ByteRows, Grouping};
-#[cfg(feature = "cuda")]
 use super::slot_states::SlotStates;
 use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SCAN_SLOT_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
@@ -54,9 +53,8 @@ pub(crate) fn groups_accumulator(expr: &Arc<AggregateFunctionExpr>) -> Result<Bo
     }
 }
 
-/// The operator's metrics of one partition (the `gpu_*` ones stay 0 without the `cuda` feature).
+/// The operator's metrics of one partition (the `gpu_*` ones stay 0 unless a device placement ran).
 #[derive(Clone)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(super) struct SlotMetrics {
     pub input_rows: Count,
     pub slots_touched: Count,
@@ -78,7 +76,6 @@ pub(super) struct SlotMetrics {
 
 impl SlotMetrics {
     /// Adds a GPU run's rows and phase times.
-    #[cfg(feature = "cuda")]
     pub(super) fn record_gpu(&self, part: &SlotStates) {
         self.input_rows.add(part.rows);
         self.gpu_rows.add(part.rows);
@@ -140,7 +137,6 @@ impl PartialSlots {
     }
 
     /// A partial of member groups only, from per-slot states computed on the GPU.
-    #[cfg(feature = "cuda")]
     pub(super) fn from_slot_states(part: SlotStates) -> Self {
         let fallback_states = part.states.iter().map(|a| a.slice(0, 0)).collect();
         Self {
@@ -425,7 +421,6 @@ impl SlotGroups {
 
     /// Merges per-slot states computed elsewhere (the GPU, see [`gpu`](super::gpu)) into the
     /// canonical groups of their slots (`slots` ascending and distinct; no dependent columns).
-    #[cfg(feature = "cuda")]
     pub(super) fn merge_slot_states(&mut self, part: &SlotStates) -> Result<()> {
         if part.slots.is_empty() {
             return Ok(());

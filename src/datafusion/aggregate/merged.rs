@@ -56,8 +56,7 @@ use ::datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt};
 use futures::{StreamExt, TryStreamExt};
 
-#[cfg(feature = "cuda")]
-use super::gpu::{notice_cpu_fallback, GpuAggregation};
+use super::device::{notice_cpu_fallback, DeviceAggregation};
 use super::grouping::{ByteRows, Grouping};
 use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, SlotMetrics};
 use super::ranges::{RangeJob, Scattered, SlotRanges};
@@ -163,7 +162,7 @@ impl MphfMergedAggregateExec {
     }
 
     /// The same node computing its partials on `placement`.
-    pub fn with_placement(mut self, placement: Placement) -> Self {
+    pub(crate) fn with_placement(mut self, placement: Placement) -> Self {
         self.placement = placement;
         self
     }
@@ -178,8 +177,7 @@ impl MphfMergedAggregateExec {
     pub fn form(&self) -> MergeForm {
         match self.placement {
             Placement::Cpu => self.form,
-            #[cfg(feature = "cuda")]
-            Placement::Gpu(_) => MergeForm::Partials,
+            Placement::Device(_) => MergeForm::Partials,
         }
     }
 
@@ -237,8 +235,7 @@ impl MphfMergedAggregateExec {
                         .collect::<Result<Vec<_>>>()?;
                     job.cpu_partials(sources).await?
                 }
-                #[cfg(feature = "cuda")]
-                Placement::Gpu(gpu) => job.gpu_partials(gpu).await?,
+                Placement::Device(device) => job.device_partials(device).await?,
             };
             Ok(Arc::new(Prepared::Partials(out)))
         }
@@ -250,8 +247,7 @@ impl MphfMergedAggregateExec {
 enum Rows {
     /// The input partition's stream.
     Stream(SendableRecordBatchStream),
-    /// Batches already collected (the GPU placement's CPU fallback).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// Batches already collected (the device placement's CPU fallback).
     Buffered(Vec<RecordBatch>),
 }
 
@@ -318,12 +314,11 @@ impl PartialJob {
         Ok(out)
     }
 
-    /// The GPU placement: every input partition collected, then one lookup and aggregation
-    /// over all rows on the GPU (one partial, no per-partition slot arrays), plus a CPU
+    /// The device placement: every input partition collected, then one lookup and aggregation
+    /// over all rows on the device (one partial, no per-partition slot arrays), plus a CPU
     /// partial of the NULL-key rows. Falls back to [`PartialJob::cpu_partials`] over the
     /// collected batches.
-    #[cfg(feature = "cuda")]
-    async fn gpu_partials(&self, gpu: Arc<GpuAggregation>) -> Result<Vec<PartialSlots>> {
+    async fn device_partials(&self, device: Arc<dyn DeviceAggregation>) -> Result<Vec<PartialSlots>> {
         let inputs = self.partial.input().output_partitioning().partition_count();
         let mut tasks = Vec::with_capacity(inputs);
         for i in 0..inputs {
@@ -338,11 +333,11 @@ impl PartialJob {
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??,
             );
         }
-        let reservation = MemoryConsumer::new("MphfAggregateExec[gpu input]").register(self.context.memory_pool());
+        let reservation = MemoryConsumer::new("MphfAggregateExec[device input]").register(self.context.memory_pool());
         reservation.try_grow(per_input.iter().flatten().map(|b| b.get_array_memory_size()).sum())?;
         let all: Vec<RecordBatch> = per_input.iter().flatten().cloned().collect();
-        let (run_gpu, run_index, run_all) = (Arc::clone(&gpu), Arc::clone(&self.index), all.clone());
-        let outcome = SpawnedTask::spawn_blocking(move || run_gpu.run(&run_index, &run_all))
+        let (run_device, run_index, run_all) = (Arc::clone(&device), Arc::clone(&self.index), all.clone());
+        let outcome = SpawnedTask::spawn_blocking(move || run_device.run(&run_index, &run_all))
             .join_unwind()
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
@@ -350,14 +345,14 @@ impl PartialJob {
             Ok(Some(states)) => {
                 SlotMetrics::new(&self.metrics, 0).record_gpu(&states);
                 let mut out = vec![PartialSlots::from_slot_states(states)];
-                let nulls = gpu.null_key_rows(&all)?;
+                let nulls = device.null_key_rows(&all)?;
                 if !nulls.is_empty() {
                     out.extend(self.cpu_partials(vec![Rows::Buffered(nulls)]).await?);
                 }
                 return Ok(out);
             }
             Ok(None) => {}
-            Err(why) => notice_cpu_fallback(&why),
+            Err(why) => notice_cpu_fallback(device.as_ref(), &why),
         }
         drop(all);
         self.cpu_partials(per_input.into_iter().map(Rows::Buffered).collect())

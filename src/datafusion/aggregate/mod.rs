@@ -48,6 +48,7 @@
 //! partitions. NULL keys, stale indexes and GPU failures end on the CPU path with the same
 //! results.
 
+mod device;
 mod estimate;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -57,7 +58,6 @@ mod lineage;
 mod merged;
 mod ranges;
 mod rule;
-#[cfg(feature = "cuda")]
 mod slot_states;
 mod stream;
 
@@ -86,6 +86,7 @@ use stream::MphfAggregateStream;
 use super::registry::IndexHandle;
 use crate::datafusion::plan::cost::Estimate;
 use crate::gpu::GpuError;
+use device::DeviceAggregation;
 
 /// Counter of distinct slots that received at least one row (summed over partitions).
 pub const SLOTS_TOUCHED_METRIC_NAME: &str = "slots_touched";
@@ -118,23 +119,23 @@ pub(super) fn with_new_input(
 
 /// Where the slot aggregation runs (chosen by the rule; shown by `EXPLAIN` as `device=`).
 #[derive(Clone, Debug, Default)]
-pub enum Placement {
+pub(crate) enum Placement {
     /// Batch by batch on the CPU.
     #[default]
     Cpu,
-    /// The whole input looked up and aggregated on the GPU (see `gpu`); falls back to the
-    /// CPU with a notice when the GPU fails.
-    #[cfg(feature = "cuda")]
-    Gpu(Arc<gpu::GpuAggregation>),
+    /// The whole input looked up and aggregated on a device (the GPU, see `device`); falls
+    /// back to the CPU with a notice when the device fails. Only [`Placement::gpu_for`] makes
+    /// one, and only with the `cuda` feature.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(Arc<dyn DeviceAggregation>),
 }
 
 impl Placement {
-    /// `cpu` or `gpu`.
+    /// `cpu`, or the device's name.
     pub fn device_name(&self) -> &'static str {
         match self {
             Placement::Cpu => "cpu",
-            #[cfg(feature = "cuda")]
-            Placement::Gpu(_) => "gpu",
+            Placement::Device(device) => device.device_name(),
         }
     }
 
@@ -145,7 +146,7 @@ impl Placement {
     pub fn gpu_for(agg: &AggregateExec, key_pos: usize, emulate: bool) -> std::result::Result<Placement, GpuError> {
         #[cfg(feature = "cuda")]
         {
-            gpu::GpuAggregation::try_new(agg, key_pos, emulate).map(|g| Placement::Gpu(Arc::new(g)))
+            gpu::GpuAggregation::try_new(agg, key_pos, emulate).map(|g| Placement::Device(Arc::new(g)))
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -226,13 +227,13 @@ impl MphfAggregateExec {
     }
 
     /// The same node running on `placement`.
-    pub fn with_placement(mut self, placement: Placement) -> Self {
+    pub(crate) fn with_placement(mut self, placement: Placement) -> Self {
         self.placement = placement;
         self
     }
 
     /// Where it runs.
-    pub fn placement(&self) -> &Placement {
+    pub(crate) fn placement(&self) -> &Placement {
         &self.placement
     }
 

@@ -78,7 +78,7 @@ use ::datafusion::arrow::datatypes::DataType;
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::Result;
-use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_expr::expressions::{Column, Literal};
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -124,6 +124,9 @@ pub struct Costing {
     pub gpu_emulation: bool,
     /// The cost model (`Tuning::costs`).
     pub model: CostModel,
+    /// `Tuning::aggregate_compare_costs`: decline a candidate whose estimate is above the hash
+    /// aggregation's (off under `mphf.costing = always`).
+    pub compare_costs: bool,
 }
 
 /// Default of `Tuning::aggregate_gpu_min_rows`: where, on the H200 host, the GPU placement
@@ -146,6 +149,7 @@ impl Costing {
             gpu_min_rows: t.aggregate_gpu_min_rows,
             gpu_emulation: t.gpu_emulation,
             model: t.costs.clone(),
+            compare_costs: t.aggregate_compare_costs,
         }
     }
 }
@@ -210,7 +214,13 @@ fn shape_of(
 ) -> AggregateShape {
     let index = handle.index();
     let schema = agg.input_schema();
-    let args: Vec<Arc<dyn PhysicalExpr>> = agg.aggr_expr().iter().flat_map(|a| a.expressions()).collect();
+    // Arguments read per row (a literal, as in count(*), is not a column).
+    let args: Vec<Arc<dyn PhysicalExpr>> = agg
+        .aggr_expr()
+        .iter()
+        .flat_map(|a| a.expressions())
+        .filter(|e| e.downcast_ref::<Literal>().is_none())
+        .collect();
     let value_bytes: f64 = args
         .iter()
         .map(|e| e.data_type(&schema).ok().and_then(|t| t.primitive_width()).unwrap_or(8) as f64)
@@ -370,6 +380,10 @@ pub(crate) fn decide(
         return declined(format!(
             "{arrays} slot arrays of {slots} slots for {rows:.0} estimated rows: more than {limit} entries per row"
         ));
+    }
+    // The thresholds passed: the estimates decide (under `mphf.costing = auto`).
+    if costing.compare_costs && cpu_ns > hash_ns {
+        return declined("DataFusion's hash aggregation is estimated cheaper".into());
     }
     // Admitted only as the range form: reverted by [`unmerged_reverted`] when no final
     // aggregate takes it into a merged node.

@@ -1,7 +1,8 @@
-//! `SlotStates`: the GPU placement's answer for one input, per-slot accumulator states.
+//! `SlotStates`: a device placement's answer for one input, per-slot accumulator states.
 //!
-//! Its own module because two others meet here: `gpu` produces it and `groups` merges it into
-//! slot accumulators. Both import it; it imports neither, so the two do not import each other.
+//! Its own module because two others meet here: a device (`gpu`, through the `device` seam)
+//! produces it and `groups` merges it into slot accumulators. Both import it; it imports
+//! neither, so the two do not import each other.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use ::datafusion::arrow::array::ArrayRef;
 
 /// The touched slots (ascending) and, per aggregate in order, its state arrays (one row per
 /// touched slot).
-pub(super) struct SlotStates {
+pub(crate) struct SlotStates {
     pub slots: Vec<usize>,
     pub states: Vec<ArrayRef>,
     /// Number of state arrays of each aggregate.

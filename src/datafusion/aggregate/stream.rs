@@ -26,6 +26,7 @@ use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetrics
 use ::datafusion::physical_plan::ExecutionPlan;
 use futures::{Stream, StreamExt};
 
+use super::device::DeviceAggregation;
 use super::groups::{SlotGroups, SlotMetrics};
 use super::MphfAggregateExec;
 
@@ -52,9 +53,7 @@ pub(super) struct MphfAggregateStream {
     baseline: BaselineMetrics,
     /// GPU placement: the aggregation and the input batches buffered for it (it runs once the
     /// input is exhausted).
-    #[cfg(feature = "cuda")]
-    gpu: Option<(Arc<super::gpu::GpuAggregation>, Vec<RecordBatch>, usize)>,
-    #[cfg(feature = "cuda")]
+    device: Option<(Arc<dyn DeviceAggregation>, Vec<RecordBatch>, usize)>,
     index: Arc<crate::datafusion::registry::IndexHandle>,
 }
 
@@ -86,20 +85,17 @@ impl MphfAggregateStream {
             reservation,
             state: State::Reading,
             baseline: BaselineMetrics::new(metrics, partition),
-            #[cfg(feature = "cuda")]
-            gpu: match exec.placement() {
-                super::Placement::Gpu(g) => Some((Arc::clone(g), Vec::new(), 0)),
+            device: match exec.placement() {
+                super::Placement::Device(d) => Some((Arc::clone(d), Vec::new(), 0)),
                 super::Placement::Cpu => None,
             },
-            #[cfg(feature = "cuda")]
             index: Arc::clone(exec.index()),
         })
     }
 
     /// Accumulates one input batch.
     fn accumulate(&mut self, batch: &RecordBatch) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Some((_, buffered, bytes)) = &mut self.gpu {
+        if let Some((_, buffered, bytes)) = &mut self.device {
             *bytes += batch.get_array_memory_size();
             self.reservation.try_resize(*bytes)?;
             buffered.push(batch.clone());
@@ -112,9 +108,8 @@ impl MphfAggregateStream {
 
     /// Builds the single result batch (touched slots in slot order, then fallback groups).
     fn emit(&mut self) -> Result<RecordBatch> {
-        #[cfg(feature = "cuda")]
-        if let Some((gpu, batches, _)) = self.gpu.take() {
-            super::gpu::aggregate_into(&mut self.groups, &gpu, &self.index, &batches)?;
+        if let Some((device, batches, _)) = self.device.take() {
+            super::device::aggregate_into(&mut self.groups, device.as_ref(), &self.index, &batches)?;
         }
         let batch = self.groups.emit(&self.schema, self.final_output)?;
         self.reservation.resize(batch.get_array_memory_size());

@@ -1,8 +1,11 @@
 //! Planning inputs shared by the optimizer rules and `mphf_index`: the planner's fixed
-//! thresholds ([`Tuning`]) and how `mphf.costing` applies them ([`thresholds_for`]).
+//! thresholds ([`Tuning`]), how `mphf.costing` applies them ([`thresholds_for`]), the cost
+//! model that prices every candidate ([`cost`]), and what a declined candidate says about
+//! itself ([`Declined`], shown by `explain::MphfDeclinedExec`).
 //!
-//! Invariant: a rule reads its thresholds through [`thresholds_for`] only, so `mphf.costing`
-//! means the same for every operator.
+//! Invariants: a rule reads its thresholds and cost constants through [`thresholds_for`] only,
+//! so `mphf.costing` means the same for every operator; the estimates a node shows are the ones
+//! its rule decided with.
 
 pub mod cost;
 pub mod tuning;
