@@ -27,6 +27,7 @@ use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use std::sync::Arc;
 
+use super::difftest::tables::Rng;
 use crate::core::column::{ColumnIndex, IndexOptions};
 use crate::datafusion::plan::CostModel;
 use crate::datafusion::MphfContext;
@@ -50,19 +51,6 @@ pub struct CalibrateArgs {
 
 /// Probe rows of the join that times the build side alone.
 const FEW_PROBE_ROWS: usize = 1000;
-
-/// A deterministic stream of well-mixed 64-bit numbers (splitmix64).
-struct Mix(u64);
-
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 /// Median seconds of `runs` calls of `f`, after one warm-up call.
 fn median_secs(runs: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
@@ -91,10 +79,10 @@ struct Data {
 
 impl Data {
     fn new(rows: usize, keys: usize) -> Self {
-        let mut mix = Mix(0x5EED);
-        let sparse: Vec<i64> = (0..keys).map(|_| (mix.next() >> 1) as i64).collect();
+        let mut mix = Rng::new(0x5EED);
+        let sparse: Vec<i64> = (0..keys).map(|_| (mix.next_u64() >> 1) as i64).collect();
         let strings: Vec<String> = sparse.iter().map(|k| format!("session-{k:016x}")).collect();
-        let picks: Vec<usize> = (0..rows).map(|_| (mix.next() % keys as u64) as usize).collect();
+        let picks: Vec<usize> = (0..rows).map(|_| (mix.next_u64() % keys as u64) as usize).collect();
         Self {
             dense_keys: Arc::new(Int64Array::from_iter_values(0..keys as i64)),
             sparse_keys: Arc::new(Int64Array::from(sparse.clone())),

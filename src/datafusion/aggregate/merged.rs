@@ -62,7 +62,7 @@ use super::groups::{groups_accumulator, member_keys, PartialSlots, SlotGroups, S
 use super::ranges::{RangeJob, Scattered, SlotRanges};
 use super::Placement;
 use crate::datafusion::once::{OncePerExecution, SharedWork};
-use crate::datafusion::plan::cost::Estimate;
+use crate::datafusion::plan::cost::{write_suffix, Estimate};
 use crate::datafusion::registry::IndexHandle;
 
 /// How the node turns its input into per-range work (chosen by the rule, shown by `EXPLAIN` as
@@ -664,10 +664,7 @@ impl DisplayAs for MphfMergedAggregateExec {
                     gby.join(", "),
                     aggr.join(", ")
                 )?;
-                match &self.estimate {
-                    Some(estimate) => write!(f, ", {estimate}"),
-                    None => Ok(()),
-                }
+                write_suffix(f, self.estimate)
             }
         }
     }

@@ -84,7 +84,7 @@ pub use rule::{Costing, MphfAggregateRule, GPU_MIN_ROWS, MIN_SLOTS};
 use stream::MphfAggregateStream;
 
 use super::registry::IndexHandle;
-use crate::datafusion::plan::cost::Estimate;
+use crate::datafusion::plan::cost::{write_suffix, Estimate};
 use crate::gpu::GpuError;
 use device::DeviceAggregation;
 
@@ -301,10 +301,7 @@ impl DisplayAs for MphfAggregateExec {
                     gby.join(", "),
                     aggr.join(", ")
                 )?;
-                match &self.estimate {
-                    Some(estimate) => write!(f, ", {estimate}"),
-                    None => Ok(()),
-                }
+                write_suffix(f, self.estimate)
             }
         }
     }

@@ -63,7 +63,7 @@ use probe::{ProbeMetrics, Prober};
 pub use rule::MphfJoinRule;
 
 use crate::datafusion::once::OncePerExecution;
-use crate::datafusion::plan::cost::Estimate;
+use crate::datafusion::plan::cost::{write_suffix, Estimate};
 use crate::datafusion::registry::IndexHandle;
 use translate::{probe_index, Translator};
 
@@ -319,10 +319,7 @@ impl DisplayAs for MphfJoinExec {
                 if let Some(p) = &self.join.projection {
                     write!(f, ", projection={:?}", p.as_ref())?;
                 }
-                if let Some(estimate) = &self.estimate {
-                    write!(f, ", {estimate}")?;
-                }
-                Ok(())
+                write_suffix(f, self.estimate)
             }
         }
     }

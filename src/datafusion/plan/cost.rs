@@ -410,6 +410,14 @@ fn ms(ns: f64) -> String {
     }
 }
 
+/// Writes `, {estimate}` after a node's description, or nothing without an estimate.
+pub fn write_suffix(f: &mut fmt::Formatter<'_>, estimate: Option<Estimate>) -> fmt::Result {
+    match estimate {
+        Some(estimate) => write!(f, ", {estimate}"),
+        None => Ok(()),
+    }
+}
+
 impl fmt::Display for Estimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "cost={} vs hash {}", ms(self.mphf_ns), ms(self.hash_ns))?;
