@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -97,6 +97,28 @@ if [ "$PART" = gpu10 ]; then
     timeout 280 "$BIN" bench groupby --scale 10 --runs 3 --markdown --explain --only "GROUP BY l" --only "GROUP BY o" \
       --set mphf.aggregate_device=$dev > "$OUT/gb_sf10_$dev.md" 2>&1
   done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = joinmodel ]; then
+  # The join's cost figures by partitions: the same SF 1 joins on 2, 4, 8 and 16 partitions of
+  # the 16-core host, and per-operator metrics (EXPLAIN ANALYZE) of the MPHF plan and of the
+  # same session with the join operator off (DataFusion's plan) on 16.
+  for p in 2 4 8 16; do
+    log "bench join SF 1, $p partitions"
+    timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown --partitions $p > "$OUT/join_sf1_p$p.md" 2>&1
+    timeout 100 "$BIN" bench groupby --scale 1 --runs 5 --markdown --partitions $p --only "c_name" --only "order columns" \
+      > "$OUT/gbjoin_sf1_p$p.md" 2>&1
+    timeout 60 "$BIN" bench join --scale 1 --runs 3 --explain --partitions $p --only "orders (orderkey)" \
+      --only "customer (custkey)" > "$OUT/join_sf1_p${p}_explain_mphf.txt" 2>&1
+  done
+  log "EXPLAIN ANALYZE, 16 partitions, MPHF and DataFusion plans"
+  timeout 100 "$BIN" bench join --scale 1 --runs 3 --explain > "$OUT/join_sf1_p16_explain_mphf.txt" 2>&1
+  timeout 100 "$BIN" bench join --scale 1 --runs 3 --explain --set mphf.enable_join=false \
+    > "$OUT/join_sf1_p16_explain_vanilla.txt" 2>&1
+  log "bench join SF 10, 16 partitions"
+  timeout 200 "$BIN" bench join --scale 10 --runs 3 --markdown > "$OUT/join_sf10_p16.md" 2>&1
   log "done"
   exit 0
 fi

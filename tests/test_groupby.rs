@@ -41,7 +41,7 @@ async fn setup(partitions: usize) -> MphfContext {
         t.aggregate_min_rows_per_run = 0.0;
         t.aggregate_max_slot_entries_per_row = 1e9;
         t.aggregate_max_slot_entries_per_row_partitioned = 1e9;
-        t.aggregate_compare_costs = false;
+        t.compare_costs = false;
     });
     ctx
 }

@@ -39,6 +39,7 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
     ctx.tune(|t| {
         t.join_yield_to_array_map = false;
         t.join_min_probe_rows_per_run = 0.0;
+        t.compare_costs = false;
     });
     ctx
 }
@@ -182,6 +183,32 @@ async fn costing_yields_to_array_map_and_small_indexes() {
         plan.contains(" slots, fewer than join_min_slots (100000): the hash table stays in cache\n"),
         "{plan}"
     );
+}
+
+/// Under `Tuning::compare_costs` the cost model decides between the forms that pass the
+/// thresholds and DataFusion's hash join: a small build read once for 16 probe partitions
+/// pays the collected build's fixed cost (`slot_join_call_ns`), which per-partition hash tables
+/// do not, and is declined; priced without it, the collect form runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cost_model_decides_between_slots_and_the_hash_join() {
+    let ctx = setup(16, true).await;
+    ctx.tune(|t| t.compare_costs = true);
+    let sql = "SELECT count(*), sum(f.v), sum(d.grp) FROM fact f JOIN dim d ON f.id = d.id";
+    let plan = compare(&ctx, sql).await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    let declined = plan.lines().find(|l| l.contains("MphfDeclined")).expect("annotated");
+    assert!(
+        declined.contains("; collect form: DataFusion's hash join is estimated cheaper, cost="),
+        "{declined}"
+    );
+    ctx.tune(|t| {
+        t.costs.slot_join_call_ns = 1.0;
+        t.costs.slot_build_row_ns = 1.0;
+    });
+    let plan = compare(&ctx, sql).await;
+    let line = plan.lines().find(|l| l.contains("MphfJoinExec")).expect("operator");
+    assert!(line.contains("mode=CollectLeft"), "{line}");
+    assert!(!plan.contains("MphfDeclined"), "{plan}");
 }
 
 /// A probe key that has its own index on an in-memory table gets its slots from that index's

@@ -108,7 +108,7 @@ async fn mphf_session(dir: &Path, batch_size: usize, pushdown: bool) -> MphfCont
         t.aggregate_min_slots = 0;
         t.aggregate_max_slot_entries_per_row = 1e9;
         t.aggregate_max_slot_entries_per_row_partitioned = 1e9;
-        t.aggregate_compare_costs = false;
+        t.compare_costs = false;
     });
     ctx
 }

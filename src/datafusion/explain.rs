@@ -174,7 +174,7 @@ fn join_reason(join: &HashJoinExec, costing: &join_rule::Costing) -> Result<Opti
             return Ok(None);
         }
         return Ok(
-            match join_rule::candidates(&join_rule::swapped(join)?, costing, false)? {
+            match join_rule::candidates(&join_rule::swapped(join)?, join, costing, false)? {
                 Forms::Declined(d) => Some(Declined::new(format!("swapped: {}", d.reason), d.estimate)),
                 Forms::Some(..) => Some(Declined::new(
                     "swapped: the collect form breaks a distribution or ordering a node above requires".into(),
@@ -184,7 +184,7 @@ fn join_reason(join: &HashJoinExec, costing: &join_rule::Costing) -> Result<Opti
             },
         );
     }
-    Ok(match join_rule::candidates(join, costing, false)? {
+    Ok(match join_rule::candidates(join, join, costing, false)? {
         Forms::NotCandidate => None,
         Forms::Declined(declined) => Some(declined),
         Forms::Some(one, collect) => {

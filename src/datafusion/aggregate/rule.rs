@@ -124,7 +124,7 @@ pub struct Costing {
     pub gpu_emulation: bool,
     /// The cost model (`Tuning::costs`).
     pub model: CostModel,
-    /// `Tuning::aggregate_compare_costs`: decline a candidate whose estimate is above the hash
+    /// `Tuning::compare_costs`: decline a candidate whose estimate is above the hash
     /// aggregation's (off under `mphf.costing = always`).
     pub compare_costs: bool,
 }
@@ -149,7 +149,7 @@ impl Costing {
             gpu_min_rows: t.aggregate_gpu_min_rows,
             gpu_emulation: t.gpu_emulation,
             model: t.costs.clone(),
-            compare_costs: t.aggregate_compare_costs,
+            compare_costs: t.compare_costs,
         }
     }
 }

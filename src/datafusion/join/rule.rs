@@ -51,6 +51,12 @@
 //!   `perfect_hash_join_min_key_density`, estimated from the index's keys spread over the
 //!   join's build partitions): a direct array index is cheaper than an MPHF query
 //!   (`Tuning::join_yield_to_array_map`, default true).
+//! - After these guard rails, each remaining form is priced by the cost model
+//!   (`plan::cost`, `CostModel::slot_join_ns` against `hash_join_ns` of the join DataFusion runs
+//!   in its place) and declined when it is not cheaper (`Tuning::compare_costs`, off under
+//!   `mphf.costing = always`). What decides on many cores is the collect form's build: it is
+//!   read once while every probe partition waits, where DataFusion's per-partition builds run
+//!   at once, and an unclustered probe key reads one shared table at scattered places.
 
 use std::sync::Arc;
 
@@ -107,8 +113,10 @@ pub(crate) struct Costing {
     /// Most partitions of a `Partitioned` join run one for one (a slot table per partition;
     /// 0: any).
     partitioned_max_partitions: usize,
-    /// The cost model (`Tuning::costs`), for the estimates `EXPLAIN` shows.
+    /// The cost model (`Tuning::costs`): the estimates `EXPLAIN` shows.
     model: CostModel,
+    /// `Tuning::compare_costs`: decline a form estimated above DataFusion's hash join.
+    compare_costs: bool,
 }
 
 impl Costing {
@@ -123,6 +131,7 @@ impl Costing {
             array_map_threshold: config.execution.perfect_hash_join_small_build_threshold,
             array_map_density: config.execution.perfect_hash_join_min_key_density,
             model: t.costs.clone(),
+            compare_costs: t.compare_costs,
         }
     }
 
@@ -291,8 +300,21 @@ fn build_lookup(index: &IndexHandle) -> Lookup {
     }
 }
 
-/// The estimates of `join` (key pair `key`, indexed by `handle`) on slots and as a hash join.
-fn estimate_of(join: &HashJoinExec, handle: &IndexHandle, key: usize, translated: bool, model: &CostModel) -> Estimate {
+/// Whether `join` reads its build side once for all probe partitions.
+fn builds_once(join: &HashJoinExec) -> bool {
+    *join.partition_mode() == PartitionMode::CollectLeft || join.left().output_partitioning().partition_count() <= 1
+}
+
+/// The estimates of `join` (key pair `key`, indexed by `handle`) on slots and of `vanilla`, the
+/// hash join DataFusion would run in its place (`join` itself, or the join it was rewritten or
+/// swapped from).
+fn estimate_of(
+    join: &HashJoinExec,
+    vanilla: &HashJoinExec,
+    handle: &IndexHandle,
+    key: usize,
+    model: &CostModel,
+) -> Estimate {
     let table_rows = handle.index().stats().rows as f64;
     let build_rows = group_count::estimated_rows(join.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
@@ -305,8 +327,13 @@ fn estimate_of(join: &HashJoinExec, handle: &IndexHandle, key: usize, translated
             None => KeyKind::Bytes,
         },
         build_lookup: lookup,
-        probe_lookup: if translated { Lookup::Copied } else { lookup },
+        probe_lookup: match translates_probe(join, key) {
+            true => Lookup::Copied,
+            false => lookup,
+        },
         probe_rows_per_run: probe_rows_per_run(join, key),
+        build_collected: builds_once(join),
+        hash_build_collected: builds_once(vanilla),
     };
     Estimate {
         mphf_ns: model.slot_join_ns(&shape),
@@ -318,8 +345,15 @@ fn estimate_of(join: &HashJoinExec, handle: &IndexHandle, key: usize, translated
 
 /// The candidate forms of `join` (one for one, collect), or why the rule declines both. With
 /// `keep_probe_exchange`, the collect form keeps the probe side's hash repartition (its output
-/// stays hash partitioned on the key, see [`rewrite_feeding`]).
-pub(crate) fn candidates(join: &HashJoinExec, costing: &Costing, keep_probe_exchange: bool) -> Result<Forms> {
+/// stays hash partitioned on the key, see [`rewrite_feeding`]). `vanilla` is the join DataFusion
+/// runs in its place (`join` itself, or the join `join` was swapped from), which the estimates
+/// price. Under `Tuning::compare_costs`, a form estimated above `vanilla` is declined.
+pub(crate) fn candidates(
+    join: &HashJoinExec,
+    vanilla: &HashJoinExec,
+    costing: &Costing,
+    keep_probe_exchange: bool,
+) -> Result<Forms> {
     let Some((key, handle)) = indexed_key(join) else {
         return Ok(Forms::NotCandidate);
     };
@@ -353,9 +387,9 @@ pub(crate) fn candidates(join: &HashJoinExec, costing: &Costing, keep_probe_exch
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
     let slotted =
         |join: HashJoinExec| -> Result<HashJoinExec> { Ok(with_probe_scan_slots(&join, key)?.unwrap_or(join)) };
-    let priced = |join: HashJoinExec| -> MphfJoinExec {
-        let estimate = estimate_of(&join, &handle, key, translates_probe(&join, key), &costing.model);
-        MphfJoinExec::new(Arc::new(join), Arc::clone(&handle), key).with_estimate(Some(estimate))
+    let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
+        let estimate = estimate_of(&join, vanilla, &handle, key, &costing.model);
+        (join, estimate)
     };
     let one = slotted(join.builder().build()?)?;
     let one_translates = translates_probe(&one, key);
@@ -401,9 +435,25 @@ pub(crate) fn candidates(join: &HashJoinExec, costing: &Costing, keep_probe_exch
         }
         (per_row_lookup_pays || translates).then(|| priced(collected))
     };
+    // The model's verdict on each remaining form; the cheaper form's estimate is the one a
+    // decline shows.
+    let mut cheapest: Option<Estimate> = None;
+    let mut affordable = |form: Option<(HashJoinExec, Estimate)>, name: &str| {
+        let (join, estimate) = form?;
+        if cheapest.is_none_or(|c| estimate.mphf_ns < c.mphf_ns) {
+            cheapest = Some(estimate);
+        }
+        if costing.compare_costs && estimate.mphf_ns >= estimate.hash_ns {
+            reasons.push(format!("{name}: DataFusion's hash join is estimated cheaper"));
+            return None;
+        }
+        Some(MphfJoinExec::new(Arc::new(join), Arc::clone(&handle), key).with_estimate(Some(estimate)))
+    };
+    let one_for_one = affordable(one_for_one, "one for one");
+    let collect = affordable(collect, "collect form");
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = estimate_of(join, &handle, key, false, &costing.model);
+            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, &costing.model));
             reasons.dedup();
             Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
         }
@@ -446,7 +496,7 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, costing, false)? else {
+    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, join, costing, false)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
@@ -503,7 +553,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
                 return Ok(Transformed::yes(exec));
             }
         }
-        Ok(match candidates(join, costing, false)? {
+        Ok(match candidates(join, join, costing, false)? {
             Forms::Some(_, Some(c)) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
             Forms::Some(Some(one), _) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
             _ => Transformed::no(node),
@@ -551,7 +601,7 @@ fn rewrite_feeding(
     {
         return Ok(None);
     }
-    Ok(match candidates(join, costing, true)? {
+    Ok(match candidates(join, join, costing, true)? {
         Forms::Some(_, Some(c)) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
         _ => None,
     })

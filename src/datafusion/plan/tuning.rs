@@ -35,9 +35,10 @@ pub struct Tuning {
     /// are proven to depend on it. false: whenever one is indexed (same results, slower when
     /// the others disagree).
     pub aggregate_require_dependence: bool,
-    /// GROUP BY: a candidate that passes the thresholds is still declined when the cost model
-    /// prices it above DataFusion's hash aggregation. false: the thresholds alone decide.
-    pub aggregate_compare_costs: bool,
+    /// GROUP BY and JOIN: a candidate that passes the thresholds is still declined when the
+    /// cost model prices it above DataFusion's hash aggregation or hash join. false: the
+    /// thresholds alone decide.
+    pub compare_costs: bool,
     /// Smallest estimated input (rows) for which `aggregate_device = auto` uses the GPU.
     pub aggregate_gpu_min_rows: u64,
     /// The GPU placement of the aggregation runs its algorithm on the CPU (whole-input lookup,
@@ -76,7 +77,7 @@ impl Default for Tuning {
             aggregate_max_slot_entries_per_row: 4.0,
             aggregate_max_slot_entries_per_row_partitioned: 1.0,
             aggregate_require_dependence: true,
-            aggregate_compare_costs: true,
+            compare_costs: true,
             aggregate_gpu_min_rows: GPU_MIN_ROWS,
             gpu_emulation: false,
             lookup_gpu_min_rows: GPU_LOOKUP_MIN_ROWS,
@@ -107,7 +108,7 @@ impl Tuning {
             aggregate_min_rows_per_run: 0.0,
             aggregate_max_slot_entries_per_row: f64::INFINITY,
             aggregate_max_slot_entries_per_row_partitioned: f64::INFINITY,
-            aggregate_compare_costs: false,
+            compare_costs: false,
             join_min_slots: 0,
             join_min_probe_rows_per_run: 0.0,
             join_yield_to_array_map: false,
@@ -135,7 +136,7 @@ impl Tuning {
                 self.aggregate_max_slot_entries_per_row_partitioned = parsed(name, value)?
             }
             "aggregate_require_dependence" => self.aggregate_require_dependence = parsed(name, value)?,
-            "aggregate_compare_costs" => self.aggregate_compare_costs = parsed(name, value)?,
+            "compare_costs" => self.compare_costs = parsed(name, value)?,
             "aggregate_gpu_min_rows" => self.aggregate_gpu_min_rows = parsed(name, value)?,
             "gpu_emulation" => self.gpu_emulation = parsed(name, value)?,
             "lookup_gpu_min_rows" => self.lookup_gpu_min_rows = parsed(name, value)?,
