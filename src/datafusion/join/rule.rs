@@ -369,8 +369,7 @@ pub(crate) fn candidates(
     // probe keys, or when the probe key's own index translates its slots (per form).
     let rows_per_run = probe_rows_per_run(join, key);
     let per_row_lookup_pays = handle.index().dense_lookup_bytes() > 0 || rows_per_run >= costing.min_probe_rows_per_run;
-    let collect_left = *join.partition_mode() == PartitionMode::CollectLeft
-        || join.left().output_partitioning().partition_count() <= 1;
+    let collect_left = builds_once(join);
     // Partitioned: each partition's hash join sees about 1/P of the build keys over the same range.
     let partitions = if collect_left {
         1
