@@ -5,7 +5,9 @@
 //! with the per-row group sum of a unique column, a row paired with its neighbour's slot would
 //! change a sum. A file rewritten under the index with the same name, size and modification
 //! time gets vanilla's answer, and saved slot maps are reused, or remade when corrupt.
-//! `mphf_index(col)` over such a scan returns the stored slots, equal to the lookup's.
+//! `mphf_index(col)` over such a scan returns the stored slots, equal to the lookup's. An
+//! aggregate that reads its key only for rows without a slot gets files with fresh slot maps
+//! scanned without the key column; one that reads the key (an argument, a filter) gets it.
 
 #![cfg(feature = "datafusion")]
 
@@ -141,19 +143,37 @@ fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     own + plan.children().into_iter().map(|c| metric_sum(c, name)).sum::<usize>()
 }
 
-/// Runs `sql` in the MPHF session: its sorted rows, its plan text, and the rows the aggregate
-/// read and how many of them had their slot from the scan.
-async fn mphf_run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String, usize, usize) {
+/// Sum of metric `name` over the slot scans of `plan`.
+fn scan_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let own = match plan.name() {
+        "SlotScanExec" => plan
+            .metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize()),
+        _ => 0,
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| scan_metric_sum(c, name))
+        .sum::<usize>()
+}
+
+/// Runs `sql` in the MPHF session: its sorted rows, its plan, and the rows the aggregate read
+/// and how many of them had their slot from the scan.
+async fn mphf_plan_run(ctx: &MphfContext, sql: &str) -> (Vec<String>, Arc<dyn ExecutionPlan>, usize, usize) {
     let df = ctx.sql(sql).await.unwrap();
     let plan = df.create_physical_plan().await.unwrap();
-    let text = displayable(plan.as_ref()).indent(true).to_string();
     let batches = collect(Arc::clone(&plan), ctx.ctx().task_ctx()).await.unwrap();
-    (
-        sorted_rows(&batches),
-        text,
-        metric_sum(&plan, "input_rows"),
-        metric_sum(&plan, "scan_slot_rows"),
-    )
+    let (input_rows, scan_rows) = (metric_sum(&plan, "input_rows"), metric_sum(&plan, "scan_slot_rows"));
+    (sorted_rows(&batches), plan, input_rows, scan_rows)
+}
+
+/// [`mphf_plan_run`] with the plan as text.
+async fn mphf_run(ctx: &MphfContext, sql: &str) -> (Vec<String>, String, usize, usize) {
+    let (rows, plan, input_rows, scan_rows) = mphf_plan_run(ctx, sql).await;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    (rows, text, input_rows, scan_rows)
 }
 
 const QUERIES: [&str; 5] = [
@@ -162,6 +182,13 @@ const QUERIES: [&str; 5] = [
     "SELECT id, sum(v) AS sv FROM ev WHERE seq >= 12500 GROUP BY id",
     "SELECT id, sum(v) AS sv, count(s) AS ns FROM ev WHERE seq BETWEEN 3500 AND 4700 OR seq > 19990 GROUP BY id",
     "SELECT s, count(*) AS n, sum(v) AS sv FROM ev GROUP BY s",
+];
+
+/// Queries whose aggregate or filter reads the indexed key itself.
+const KEY_READING_QUERIES: [&str; 3] = [
+    "SELECT id, count(*) AS n, sum(id) AS si FROM ev GROUP BY id",
+    "SELECT id, sum(v) AS sv FROM ev WHERE id % 3 = 0 GROUP BY id",
+    "SELECT s, max(s) AS ms, count(*) AS n FROM ev GROUP BY s",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,6 +203,17 @@ async fn scan_slots_are_aligned_under_pruning_filters_and_batch_sizes() {
             assert_eq!(got, want, "{case}");
             assert!(plan.contains("SlotScanExec"), "{case}");
             assert!(input_rows > 0, "{case}");
+            assert_eq!(scan_rows, input_rows, "every row has its slot from the scan: {case}");
+            // The output keys come from the index: no file is decoded with its key column.
+            assert!(plan.contains("key=unread in mapped files"), "{case}");
+        }
+        // The key read by an aggregate argument or by a filter is scanned in every file.
+        for sql in KEY_READING_QUERIES {
+            let want = vanilla_rows(dir.path(), sql, batch_size, pushdown).await;
+            let (got, plan, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
+            let case = format!("batch {batch_size}, pushdown {pushdown}: {sql}\n{plan}");
+            assert_eq!(got, want, "{case}");
+            assert!(plan.contains("key=read"), "{case}");
             assert_eq!(scan_rows, input_rows, "every row has its slot from the scan: {case}");
         }
         // LIMIT over the slot-scanned aggregate, and mphf_index beside it, still agree.
@@ -238,9 +276,10 @@ async fn a_file_rewritten_with_the_same_name_size_and_mtime_gets_vanillas_answer
     let dir = table_dir(500);
     let sql = QUERIES[0];
     let ctx = mphf_session(dir.path(), 4096, false).await;
-    let (got, _, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
+    let (got, plan, input_rows, scan_rows) = mphf_plan_run(&ctx, sql).await;
     assert_eq!(got, vanilla_rows(dir.path(), sql, 4096, false).await);
     assert_eq!(scan_rows, input_rows);
+    assert_eq!(scan_metric_sum(&plan, "key_unread_rows"), (FILES * ROWS) as usize);
 
     // Rewrite file 0 with other ids, keeping its name, size and modification time.
     let target = dir.path().join("part-0.parquet");
@@ -264,12 +303,16 @@ async fn a_file_rewritten_with_the_same_name_size_and_mtime_gets_vanillas_answer
 
     // The live session sees the rewrite at scan time; a new one at registration.
     let want = vanilla_rows(dir.path(), sql, 4096, false).await;
-    let (got, plan, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
-    assert_eq!(got, want, "{plan}");
+    let (got, plan, input_rows, scan_rows) = mphf_plan_run(&ctx, sql).await;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert_eq!(got, want, "{text}");
     assert!(
         scan_rows < input_rows,
-        "the rewritten file's rows were looked up: {plan}"
+        "the rewritten file's rows were looked up: {text}"
     );
+    // The rewritten file was decoded with its key; only the other one without.
+    assert_eq!(scan_metric_sum(&plan, "key_unread_rows"), ROWS as usize, "{text}");
+    assert_eq!(scan_metric_sum(&plan, "stored_slot_rows"), ROWS as usize, "{text}");
     // mphf_index over the rewritten file answers as the lookup (its stored slots are unused).
     let stored = "SELECT seq, mphf_index(id) AS slot FROM ev";
     let looked_up = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev";

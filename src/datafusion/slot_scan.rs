@@ -16,33 +16,53 @@
 //! - A sample of each batch (every 64th row and the last) looked up in the index does not give
 //!   the stored slots: from then on the file's slots are not used.
 //!
+//! # When the key column is not read
+//! An operator that needs a row's key only when the row has no slot (an aggregate whose output
+//! keys come from the index, and whose other expressions do not read the key) asks for
+//! [`KeyColumn::WhereNoSlots`]. A file whose slot map is fresh when it is opened is then scanned
+//! without the key column, which for string keys is most of a Parquet scan's decoding, and the
+//! key column is filled with a placeholder (NULLs, or the type's default when the field is not
+//! nullable). Such a file's freshness rests on its [`FileStamp`] alone (the footer with its
+//! column statistics, sampled body blocks, size and modification time): there is no key to
+//! sample. A row number outside such a file's map fails the query, since its key is not at hand.
+//! Files without a fresh map are scanned with the key, as above.
+//!
 //! # Rewriting a plan
 //! [`attach_scan_slots`] walks from an operator's input down through projections, filters,
 //! repartitions and cooperative wrappers to the [`MphfRelabelExec`] over the `DataSourceExec` of the
 //! indexed table, following the key column, and rebuilds that chain with the slot column
 //! appended at the end of every schema (so no column index of the original nodes moves). It
 //! returns the position of the slot column in the new input, or `None` when any node is of
-//! another kind.
+//! another kind. A node on the way that reads the key column itself (a projection that
+//! computes with it, a filter on it, a hash repartition by it) turns
+//! [`KeyColumn::WhereNoSlots`] into [`KeyColumn::Read`] below it.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use ::datafusion::arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array,
+};
 use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
-use ::datafusion::common::{internal_err, Result};
+use ::datafusion::common::{internal_err, Result, ScalarValue};
+use ::datafusion::datasource::listing::PartitionedFile;
 use ::datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource, ParquetSource};
 use ::datafusion::datasource::source::DataSourceExec;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::projection::{ProjectionExpr, ProjectionExprs};
+use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, ScalarFunctionExpr};
 use ::datafusion::physical_plan::coop::CooperativeExec;
 use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use ::datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+use ::datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -63,6 +83,30 @@ const ROW_NUMBER_COLUMN: &str = "__mphf_file_row";
 /// One row in this many of every batch is checked against the index.
 const SAMPLE_EVERY: usize = 64;
 
+/// What the operator over a slot scan needs of the key column (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyColumn {
+    /// Every row's key is read.
+    Read,
+    /// Only rows without a stored slot need their key: files with a fresh slot map are scanned
+    /// without it.
+    WhereNoSlots,
+}
+
+impl KeyColumn {
+    /// `self`, or [`KeyColumn::Read`] when `exprs` read column `key` of their input.
+    fn unless_read_by<'a>(self, key: usize, exprs: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>) -> Self {
+        let reads = exprs
+            .into_iter()
+            .any(|e| collect_columns(e).iter().any(|c| c.index() == key));
+        if reads {
+            KeyColumn::Read
+        } else {
+            self
+        }
+    }
+}
+
 /// The slot field of `handle`'s index.
 fn slot_field(handle: &IndexHandle) -> Field {
     let md = [(SCAN_SLOTS_METADATA_KEY.to_string(), handle.label())]
@@ -74,18 +118,19 @@ fn slot_field(handle: &IndexHandle) -> Field {
 /// `input` (an operator's input) with the slots of `handle`'s index for its column `key`
 /// appended as its last column, and the position of that column; `None` when the chain down
 /// to the scan has a node this module cannot carry the column through, or the table has no
-/// slot maps.
+/// slot maps. `key_column` says whether the operator reads the key of rows that have a slot.
 pub fn attach_scan_slots(
     input: &Arc<dyn ExecutionPlan>,
     key: usize,
     handle: &Arc<IndexHandle>,
+    key_column: KeyColumn,
 ) -> Result<Option<(Arc<dyn ExecutionPlan>, usize)>> {
     if let Some(relabel) = input.downcast_ref::<MphfRelabelExec>() {
         let field = relabel.schema().fields().get(key).cloned();
         if field.as_deref().and_then(index_id_of_field) != Some(handle.id()) {
             return Ok(None);
         }
-        let Some(scan) = SlotScanExec::try_new(relabel, key, handle)? else {
+        let Some(scan) = SlotScanExec::try_new(relabel, key, handle, key_column)? else {
             return Ok(None);
         };
         let pos = scan.schema().fields().len() - 1;
@@ -95,7 +140,15 @@ pub fn attach_scan_slots(
         let Some(col) = p.expr().get(key).and_then(|e| e.expr.downcast_ref::<Column>()) else {
             return Ok(None);
         };
-        let Some((child, slot)) = attach_scan_slots(p.input(), col.index(), handle)? else {
+        // Another output of the projection that reads the key reads it for every row.
+        let others = p
+            .expr()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != key)
+            .map(|(_, e)| &e.expr);
+        let key_column = key_column.unless_read_by(col.index(), others);
+        let Some((child, slot)) = attach_scan_slots(p.input(), col.index(), handle, key_column)? else {
             return Ok(None);
         };
         let mut exprs: Vec<ProjectionExpr> = p.expr().to_vec();
@@ -115,7 +168,8 @@ pub fn attach_scan_slots(
             },
             None => key,
         };
-        let Some((child, slot)) = attach_scan_slots(f.input(), inner_key, handle)? else {
+        let key_column = key_column.unless_read_by(inner_key, [f.predicate()]);
+        let Some((child, slot)) = attach_scan_slots(f.input(), inner_key, handle, key_column)? else {
             return Ok(None);
         };
         let (projection, pos) = match projection {
@@ -137,7 +191,11 @@ pub fn attach_scan_slots(
         if r.preserve_order() {
             return Ok(None);
         }
-        let Some((child, slot)) = attach_scan_slots(r.input(), key, handle)? else {
+        let key_column = match r.partitioning() {
+            Partitioning::Hash(exprs, _) => key_column.unless_read_by(key, exprs),
+            _ => key_column,
+        };
+        let Some((child, slot)) = attach_scan_slots(r.input(), key, handle, key_column)? else {
             return Ok(None);
         };
         return Ok(Some((
@@ -149,7 +207,7 @@ pub fn attach_scan_slots(
         let [child] = input.children()[..] else {
             return Ok(None);
         };
-        let Some((child, slot)) = attach_scan_slots(child, key, handle)? else {
+        let Some((child, slot)) = attach_scan_slots(child, key, handle, key_column)? else {
             return Ok(None);
         };
         let options = ReplaceChildrenOptions::new(::datafusion::physical_plan::ChildrenPropertiesMode::Recompute);
@@ -208,15 +266,39 @@ pub fn scan_slots_position(schema: &Schema, handle: &IndexHandle) -> Option<usiz
         .position(|f| f.metadata().get(SCAN_SLOTS_METADATA_KEY) == Some(&label))
 }
 
-/// One file of one partition: its own single-file scan with row numbers, and its slots.
+/// One file of one partition: its own single-file scans with row numbers, and its slots.
 #[derive(Debug, Clone)]
 struct FileScan {
     /// DataFusion's scan of this file alone, its output plus the row-number column.
     exec: Arc<dyn ExecutionPlan>,
+    /// The same scan without the key column (under [`KeyColumn::WhereNoSlots`]), run when the
+    /// file's slot map is fresh.
+    without_key: Option<Arc<dyn ExecutionPlan>>,
     /// Canonical path (`None`: could not be resolved; its rows get NULL slots).
     path: Option<PathBuf>,
     /// The file's slot map.
     slots: Option<Arc<FileSlots>>,
+}
+
+/// The metrics of one partition of the scan.
+#[derive(Clone)]
+struct ScanMetrics {
+    /// Output rows, and the time spent attaching slots.
+    baseline: BaselineMetrics,
+    /// Rows handed over with their stored slots.
+    stored_slot_rows: Count,
+    /// Rows of files scanned without the key column.
+    key_unread_rows: Count,
+}
+
+impl ScanMetrics {
+    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        Self {
+            baseline: BaselineMetrics::new(set, partition),
+            stored_slot_rows: MetricBuilder::new(set).counter("stored_slot_rows", partition),
+            key_unread_rows: MetricBuilder::new(set).counter("key_unread_rows", partition),
+        }
+    }
 }
 
 /// A Parquet scan that appends the slot of each row (see the module docs).
@@ -228,6 +310,8 @@ pub struct SlotScanExec {
     schema: SchemaRef,
     /// Position of the key column.
     key: usize,
+    /// Whether rows with a slot need their key.
+    key_column: KeyColumn,
     /// The index.
     handle: Arc<IndexHandle>,
     /// Files in all.
@@ -235,13 +319,19 @@ pub struct SlotScanExec {
     /// Files with a slot map.
     mapped: usize,
     properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl SlotScanExec {
     /// The slot scan replacing `relabel` (over a Parquet `DataSourceExec`), for the key column
     /// at `key`; `None` when the scan is of another kind, has a limit, or the index has no slot
     /// maps.
-    fn try_new(relabel: &MphfRelabelExec, key: usize, handle: &Arc<IndexHandle>) -> Result<Option<Self>> {
+    fn try_new(
+        relabel: &MphfRelabelExec,
+        key: usize,
+        handle: &Arc<IndexHandle>,
+        key_column: KeyColumn,
+    ) -> Result<Option<Self>> {
         let Some(maps) = handle.slot_maps() else {
             return Ok(None);
         };
@@ -258,47 +348,69 @@ impl SlotScanExec {
             return Ok(None);
         }
         let out = ds.schema();
-        let mut exprs: Vec<ProjectionExpr> = out
-            .fields()
-            .iter()
-            .enumerate()
-            .map(|(i, f)| ProjectionExpr::new(Arc::new(Column::new(f.name(), i)), f.name()))
-            .collect();
-        let row_number = ScalarFunctionExpr::new(
+        let row_number: Arc<dyn PhysicalExpr> = Arc::new(ScalarFunctionExpr::new(
             "file_row_index",
             ::datafusion::functions::core::file_row_index(),
             vec![],
             Arc::new(Field::new(ROW_NUMBER_COLUMN, DataType::Int64, true)),
             Arc::new(ConfigOptions::default()),
-        );
-        exprs.push(ProjectionExpr::new(Arc::new(row_number), ROW_NUMBER_COLUMN));
-        let Some(source) = parquet.try_pushdown_projection(&ProjectionExprs::new(exprs))? else {
+        ));
+        // The scan's columns (but `skip`) and the row numbers, as a file source.
+        let source_without = |skip: Option<usize>| -> Result<Option<Arc<dyn FileSource>>> {
+            let mut exprs: Vec<ProjectionExpr> = out
+                .fields()
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| Some(i) != skip)
+                .map(|(i, f)| ProjectionExpr::new(Arc::new(Column::new(f.name(), i)), f.name()))
+                .collect();
+            exprs.push(ProjectionExpr::new(Arc::clone(&row_number), ROW_NUMBER_COLUMN));
+            parquet.try_pushdown_projection(&ProjectionExprs::new(exprs))
+        };
+        let Some(source) = source_without(None)? else {
             return Ok(None);
+        };
+        let keyless_source = match key_column {
+            KeyColumn::WhereNoSlots => source_without(Some(key))?,
+            KeyColumn::Read => None,
+        };
+        // A single-file scan of `file` through `source`, when it gives the `columns` expected
+        // and the row numbers last.
+        let file_exec = |file: &PartitionedFile, source: &Arc<dyn FileSource>, columns: usize| {
+            let single = FileScanConfigBuilder::from(config.clone())
+                .with_source(Arc::clone(source))
+                .with_file_groups(vec![FileGroup::new(vec![file.clone()])])
+                .build();
+            let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(single);
+            let got = exec.schema();
+            (got.fields().len() == columns + 1 && got.fields().last().map(|f| f.data_type()) == Some(&DataType::Int64))
+                .then_some(exec)
         };
         let (mut files, mut mapped) = (0, 0);
         let mut partitions = Vec::with_capacity(config.file_groups.len());
         for group in &config.file_groups {
             let mut scans = Vec::with_capacity(group.len());
             for file in group.files() {
-                let single = FileScanConfigBuilder::from(config.clone())
-                    .with_source(Arc::clone(&source))
-                    .with_file_groups(vec![FileGroup::new(vec![file.clone()])])
-                    .build();
-                let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(single);
-                let got = exec.schema();
-                if got.fields().len() != out.fields().len() + 1
-                    || got.fields().last().map(|f| f.data_type()) != Some(&DataType::Int64)
-                {
+                let Some(exec) = file_exec(file, &source, out.fields().len()) else {
                     return Ok(None);
-                }
+                };
                 let path = std::path::Path::new("/")
                     .join(file.object_meta.location.as_ref())
                     .canonicalize()
                     .ok();
                 let slots = path.as_ref().and_then(|p| maps.file(p)).cloned();
+                let without_key = match (&keyless_source, &slots) {
+                    (Some(source), Some(_)) => file_exec(file, source, out.fields().len() - 1),
+                    _ => None,
+                };
                 files += 1;
                 mapped += usize::from(slots.is_some());
-                scans.push(FileScan { exec, path, slots });
+                scans.push(FileScan {
+                    exec,
+                    without_key,
+                    path,
+                    slots,
+                });
             }
             partitions.push(scans);
         }
@@ -318,14 +430,20 @@ impl SlotScanExec {
         if partitions.len() != properties.partitioning.partition_count() {
             return Ok(None);
         }
+        let key_column = match partitions.iter().flatten().any(|s| s.without_key.is_some()) {
+            true => key_column,
+            false => KeyColumn::Read,
+        };
         Ok(Some(Self {
             partitions,
             schema,
             key,
+            key_column,
             handle: Arc::clone(handle),
             files,
             mapped,
             properties,
+            metrics: ExecutionPlanMetricsSet::new(),
         }))
     }
 }
@@ -333,11 +451,15 @@ impl SlotScanExec {
 impl DisplayAs for SlotScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let info = self.handle.info();
+        let key = match self.key_column {
+            KeyColumn::Read => "read",
+            KeyColumn::WhereNoSlots => "unread in mapped files",
+        };
         match t {
             DisplayFormatType::TreeRender => write!(f, "slots={}.{}", info.table, info.column),
             _ => write!(
                 f,
-                "SlotScanExec: slots={}.{}, files={}, mapped={}",
+                "SlotScanExec: slots={}.{}, files={}, mapped={}, key={key}",
                 info.table, info.column, self.files, self.mapped
             ),
         }
@@ -388,74 +510,117 @@ impl ExecutionPlan for SlotScanExec {
         };
         let schema = Arc::clone(&self.schema);
         let (key, index) = (self.key, Arc::clone(self.handle.index()));
+        let metrics = ScanMetrics::new(&self.metrics, partition);
         let out_schema = Arc::clone(&schema);
         let stream = futures::stream::iter(scans)
             .map(move |scan| {
-                let input = match scan.exec.execute(0, Arc::clone(&context)) {
+                let mut slots = FileSlotter::open(scan, Arc::clone(&schema), key, Arc::clone(&index), metrics.clone());
+                let input = match slots.exec().execute(0, Arc::clone(&context)) {
                     Ok(input) => input,
                     Err(e) => return futures::stream::once(async move { Err(e) }).boxed(),
                 };
-                let mut slots = FileSlotter::new(scan, Arc::clone(&schema), key, Arc::clone(&index));
                 input.map(move |batch| slots.attach(batch?)).boxed()
             })
             .flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(out_schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
 }
 
 /// Appends the slots of one file's batches (see the module docs for when they are NULL).
 struct FileSlotter {
     scan: FileScan,
-    /// The file's stamp has been compared with its slot map's.
-    checked: bool,
+    /// The file is scanned without its key column (its slot map was fresh when opened).
+    key_unread: bool,
     schema: SchemaRef,
     key: usize,
     index: Arc<ColumnIndex>,
     /// Scratch for the sample lookups.
     found: Vec<u64>,
+    /// Key values standing in for the unread key column, sliced per batch.
+    placeholder: Option<ArrayRef>,
+    metrics: ScanMetrics,
 }
 
 impl FileSlotter {
-    fn new(scan: FileScan, schema: SchemaRef, key: usize, index: Arc<ColumnIndex>) -> Self {
+    /// The slotter of `scan`, its file's stamp compared with its slot map's now.
+    fn open(mut scan: FileScan, schema: SchemaRef, key: usize, index: Arc<ColumnIndex>, metrics: ScanMetrics) -> Self {
+        let fresh = match (&scan.path, &scan.slots) {
+            (Some(path), Some(map)) => FileStamp::of(path).is_ok_and(|now| now.line == map.stamp.line),
+            _ => false,
+        };
+        if !fresh {
+            scan.slots = None;
+        }
+        let key_unread = fresh && scan.without_key.is_some();
         Self {
             scan,
-            checked: false,
+            key_unread,
             schema,
             key,
             index,
             found: Vec::new(),
+            placeholder: None,
+            metrics,
+        }
+    }
+
+    /// The scan to run: without the key column when the file's slots are fresh and the
+    /// operator allows it.
+    fn exec(&self) -> Arc<dyn ExecutionPlan> {
+        match (&self.scan.without_key, self.key_unread) {
+            (Some(exec), true) => Arc::clone(exec),
+            _ => Arc::clone(&self.scan.exec),
         }
     }
 
     /// `batch` (the file scan's output plus row numbers) with its slots instead of row numbers.
     fn attach(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
-        if !self.checked {
-            self.checked = true;
-            let fresh = match (&self.scan.path, &self.scan.slots) {
-                (Some(path), Some(map)) => FileStamp::of(path).is_ok_and(|now| now.line == map.stamp.line),
-                _ => false,
-            };
-            if !fresh {
-                self.scan.slots = None;
-            }
-        }
+        let elapsed = self.metrics.baseline.elapsed_compute().clone();
+        let _timer = elapsed.timer();
         let rows = batch.num_rows();
         let n = batch.num_columns();
         if n == 0 {
             return internal_err!("SlotScanExec: a batch without its row-number column");
         }
         let slots = match self.slots_of(&batch)? {
-            Some(values) => UInt32Array::from(values),
+            Some(values) => {
+                self.metrics.stored_slot_rows.add(rows);
+                UInt32Array::from(values)
+            }
             None => UInt32Array::new_null(rows),
         };
         let mut columns: Vec<ArrayRef> = batch.columns()[..n - 1].to_vec();
+        if self.key_unread {
+            if self.key > columns.len() {
+                return internal_err!("SlotScanExec: key column {} past the scan's columns", self.key);
+            }
+            columns.insert(self.key, self.placeholder(rows)?);
+            self.metrics.key_unread_rows.add(rows);
+        }
         columns.push(Arc::new(slots));
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        Ok(RecordBatch::try_new_with_options(
-            Arc::clone(&self.schema),
-            columns,
-            &options,
-        )?)
+        let out = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        self.metrics.baseline.record_output(rows);
+        Ok(out)
+    }
+
+    /// `rows` values of the unread key column: NULLs, or the type's default when the field is
+    /// not nullable (every row of such a batch has a slot, so no operator reads them).
+    fn placeholder(&mut self, rows: usize) -> Result<ArrayRef> {
+        if let Some(p) = self.placeholder.as_ref().filter(|p| p.len() >= rows) {
+            return Ok(p.slice(0, rows));
+        }
+        let field = self.schema.field(self.key);
+        let array = match field.is_nullable() {
+            true => new_null_array(field.data_type(), rows),
+            false => ScalarValue::new_default(field.data_type())?.to_array_of_size(rows)?,
+        };
+        self.placeholder = Some(Arc::clone(&array));
+        Ok(array)
     }
 
     /// The stored slots of the batch's rows, or `None` (and the file's map dropped) when they
@@ -472,17 +637,37 @@ impl FileSlotter {
         for &r in row_numbers.values() {
             match usize::try_from(r).ok().and_then(|r| map.slots.get(r)) {
                 Some(&s) => values.push(s),
+                None if self.key_unread => return Err(self.changed(&format!("row {r} is outside its slot map"))),
                 None => {
                     self.scan.slots = None;
                     return Ok(None);
                 }
             }
         }
+        if self.key_unread {
+            // Only a NULL key has no slot, and a non-nullable key column has none.
+            if !self.schema.field(self.key).is_nullable() && values.contains(&NO_SLOT) {
+                return Err(self.changed("a row of a non-nullable key has no slot"));
+            }
+            return Ok(Some(values));
+        }
         if !self.sample_agrees(batch, &values)? {
             self.scan.slots = None;
             return Ok(None);
         }
         Ok(Some(values))
+    }
+
+    /// The error of a file scanned without its key whose slot map turns out not to fit it.
+    fn changed(&self, what: &str) -> ::datafusion::common::DataFusionError {
+        let path = self
+            .scan
+            .path
+            .as_deref()
+            .map_or_else(String::new, |p| p.display().to_string());
+        ::datafusion::common::DataFusionError::Execution(format!(
+            "slot map of {path}: {what}, and the file was read without its key column; the file changed during the query, run it again"
+        ))
     }
 
     /// True when every sampled row's key looks up to its stored slot.

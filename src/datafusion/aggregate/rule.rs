@@ -79,6 +79,7 @@ use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::{Column, Literal};
+use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::PhysicalExpr;
 use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -96,7 +97,7 @@ use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays};
+use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, KeyColumn};
 use crate::device::Device;
 
 /// Default of `Tuning::aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
@@ -241,6 +242,27 @@ fn shape_of(
     }
 }
 
+/// What `agg` needs of its key column `key` (group expression `key_pos`) over a slot scan: its
+/// output keys come from the index, so only rows without a slot need the key, unless another
+/// group expression or an aggregate argument reads it.
+fn key_column_use(agg: &AggregateExec, key_pos: usize, key: &Column) -> KeyColumn {
+    let others = agg
+        .group_expr()
+        .expr()
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != key_pos)
+        .map(|(_, (e, _))| Arc::clone(e));
+    let arguments = agg.aggr_expr().iter().flat_map(|a| a.expressions());
+    let reads = others
+        .chain(arguments)
+        .any(|e| collect_columns(&e).iter().any(|c| c.index() == key.index()));
+    match reads {
+        true => KeyColumn::Read,
+        false => KeyColumn::WhereNoSlots,
+    }
+}
+
 /// The rule's decision for `agg`. `merge`: the node is meant for the SlotMerge form (on the
 /// GPU: one partial for all input partitions, so no per-partition slot arrays to cost).
 /// `estimates` holds the row estimates of the pass (see [`RowEstimator`]).
@@ -285,7 +307,7 @@ pub(crate) fn decide(
         None
     } else {
         match agg.group_expr().expr()[key_pos].0.downcast_ref::<Column>() {
-            Some(col) => attach_scan_slots(agg.input(), col.index(), &handle)?,
+            Some(col) => attach_scan_slots(agg.input(), col.index(), &handle, key_column_use(agg, key_pos, col))?,
             None => None,
         }
     };

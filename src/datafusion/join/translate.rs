@@ -30,7 +30,7 @@ use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ColumnIndex;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{
-    attach_scan_slots, hands_table_arrays, scan_slots_of, scan_slots_position, SCAN_SLOTS_COLUMN,
+    attach_scan_slots, hands_table_arrays, scan_slots_of, scan_slots_position, KeyColumn, SCAN_SLOTS_COLUMN,
 };
 
 /// The probe column that carries an index with row slots, and that index.
@@ -105,7 +105,7 @@ pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<O
     {
         return Ok(None);
     }
-    let Some((right, _)) = attach_scan_slots(join.right(), col.index(), &index)? else {
+    let Some((right, _)) = attach_scan_slots(join.right(), col.index(), &index, KeyColumn::Read)? else {
         return Ok(None);
     };
     let left = Arc::clone(join.left());

@@ -40,7 +40,7 @@ use ::datafusion::physical_plan::ExecutionPlan;
 use super::mphf_index::MPHF_INDEX_NAME;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::registry::index_of_field;
-use crate::datafusion::slot_scan::{attach_scan_slots, SCAN_SLOTS_COLUMN};
+use crate::datafusion::slot_scan::{attach_scan_slots, KeyColumn, SCAN_SLOTS_COLUMN};
 use crate::index::NO_SLOT;
 
 /// `mphf_index(col)` answered from the slot column a slot-map scan appended.
@@ -151,7 +151,7 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
                 if handle.index().slot_type() != DataType::UInt32 {
                     continue;
                 }
-                let Some((with_slots, pos)) = attach_scan_slots(&input, key, &handle)? else {
+                let Some((with_slots, pos)) = attach_scan_slots(&input, key, &handle, KeyColumn::Read)? else {
                     continue;
                 };
                 input = with_slots;
