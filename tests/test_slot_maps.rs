@@ -339,9 +339,19 @@ async fn mphf_index_over_the_scan_returns_the_stored_slots() {
                     plan.contains("[stored slots]") && plan.contains("SlotScanExec"),
                     "{case}"
                 );
+                // No other expression or filter reads the key: mapped files are scanned
+                // without it.
+                assert!(plan.contains("key=unread in mapped files"), "{case}");
                 let (want, lookup_plan, _, _) = mphf_run(&ctx, &looked_up).await;
                 assert!(!lookup_plan.contains("[stored slots]"), "{lookup_plan}");
                 assert_eq!(got, want, "{case}");
+                // The key beside its slots is read from every file.
+                let with_key = format!("SELECT seq, {key}, mphf_index({key}) AS slot FROM ev {filter}");
+                let with_key_looked_up =
+                    format!("SELECT seq, {key}, mphf_index('{index}', {key}) AS slot FROM ev {filter}");
+                let (got, plan, _, _) = mphf_run(&ctx, &with_key).await;
+                assert!(plan.contains("[stored slots]") && plan.contains("key=read"), "{plan}");
+                assert_eq!(got, mphf_run(&ctx, &with_key_looked_up).await.0, "{plan}");
             }
             // The scan carries one index's slots: the second key of a projection is looked up.
             let both = format!("SELECT seq, mphf_index(id) AS a, mphf_index(s) AS b FROM ev {filter}");

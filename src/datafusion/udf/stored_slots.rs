@@ -9,6 +9,9 @@
 //! - The answer is the lookup's, row for row: the scan vouches for every slot it hands over
 //!   (file stamps, sampled checks; see [`crate::datafusion::slot_scan`]); a batch with a row it
 //!   did not vouch for (a NULL in the slot column) is answered by the original call.
+//! - When no other expression of the projection reads the key, files whose slot map is fresh
+//!   are scanned without the key column ([`KeyColumn::WhereNoSlots`]): their rows all have
+//!   slots, so the original call, the only reader of the key, never runs on them.
 //! - A NULL key has the slot map's `NO_SLOT` and gets NULL, as from the lookup; every other
 //!   key of an indexed file is a member of the index, so membership needs no check.
 //! - A scan carries the slots of one index: the first such call of a projection reads them,
@@ -32,6 +35,7 @@ use ::datafusion::common::{internal_err, Result};
 use ::datafusion::logical_expr::ColumnarValue;
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::projection::ProjectionExpr;
+use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use ::datafusion::physical_plan::projection::ProjectionExec;
@@ -131,6 +135,19 @@ fn indexed_column(expr: &Arc<dyn PhysicalExpr>) -> Option<&Column> {
     }
 }
 
+/// What `p` needs of its input column `key` over a slot scan: only rows without a stored slot
+/// need it, unless an expression other than a one-argument `mphf_index` of it reads it.
+fn key_use(p: &ProjectionExec, key: usize) -> KeyColumn {
+    let read = p.expr().iter().any(|e| {
+        indexed_column(&e.expr).map(Column::index) != Some(key)
+            && collect_columns(&e.expr).iter().any(|c| c.index() == key)
+    });
+    match read {
+        true => KeyColumn::Read,
+        false => KeyColumn::WhereNoSlots,
+    }
+}
+
 /// `p` with its `mphf_index(col)` calls answered from scan slots; `None` when none can be.
 fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
     let mut input = Arc::clone(p.input());
@@ -151,7 +168,7 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
                 if handle.index().slot_type() != DataType::UInt32 {
                     continue;
                 }
-                let Some((with_slots, pos)) = attach_scan_slots(&input, key, &handle, KeyColumn::Read)? else {
+                let Some((with_slots, pos)) = attach_scan_slots(&input, key, &handle, key_use(p, key))? else {
                     continue;
                 };
                 input = with_slots;
