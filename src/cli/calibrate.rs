@@ -287,9 +287,15 @@ pub async fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         let probe = ((full - build_only) / (rows - few)).max(0.1);
         if bytes {
             (model.hash_probe_bytes_ns, model.hash_build_bytes_ns) = (probe, build);
-        } else {
-            (model.hash_probe_fixed_ns, model.hash_build_fixed_ns) = (probe, build);
+            continue;
         }
+        (model.hash_probe_fixed_ns, model.hash_build_fixed_ns) = (probe, build);
+        // The same join as a semi join: its probe gathers no pairs.
+        let semi = |t: &str| format!("SELECT count(*) FROM {t} WHERE {t}.{key} IN (SELECT {key} FROM dim)");
+        let semi_full = sessions.vanilla_secs(&semi("fact"), runs).await? * 1e9;
+        let semi_build_only = sessions.vanilla_secs(&semi("few"), runs).await? * 1e9;
+        let semi_probe = ((semi_full - semi_build_only) / (rows - few)).max(0.0);
+        model.hash_probe_semi_share = (semi_probe / probe).clamp(0.05, 1.0);
     }
     // Ours on the dense key (dense-table lookups on both sides, timed above).
     let ours = sessions
@@ -308,7 +314,7 @@ pub async fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     }
     let text = format!(
         "# mphf calibrate --rows {} --keys {} --runs {}: one core's ns per row on {} ({} cores)\n\
-         # not measured (defaults): slot_entry_ns, slot_entry_uncached_ns, cache_bytes, gpu_*\n{}",
+         # not measured (defaults): slot_join_call_ns, slot_build_row_ns, slot_probe_scattered_ns, slot_entry_ns, slot_entry_uncached_ns, cache_bytes, gpu_*\n{}",
         args.rows,
         args.keys,
         args.runs,

@@ -334,6 +334,10 @@ fn estimate_of(
         probe_rows_per_run: probe_rows_per_run(join, key),
         build_collected: builds_once(join),
         hash_build_collected: builds_once(vanilla),
+        semi: matches!(
+            join.join_type(),
+            JoinType::LeftSemi | JoinType::LeftAnti | JoinType::RightSemi | JoinType::RightAnti
+        ),
     };
     Estimate {
         mphf_ns: model.slot_join_ns(&shape),
