@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -119,6 +119,22 @@ if [ "$PART" = joinmodel ]; then
     > "$OUT/join_sf1_p16_explain_vanilla.txt" 2>&1
   log "bench join SF 10, 16 partitions"
   timeout 200 "$BIN" bench join --scale 10 --runs 3 --markdown > "$OUT/join_sf10_p16.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = semi ]; then
+  # The semi join priced by its join type: SF 1 on 2, 4, 8 and 16 partitions, two processes
+  # each, and SF 10 on 16.
+  for p in 2 4 8 16; do
+    for r in 1 2; do
+      log "bench join SF 1 semi, $p partitions, process $r"
+      timeout 60 "$BIN" bench join --scale 1 --runs 5 --markdown --partitions $p --only "semi" \
+        > "$OUT/semi_sf1_p${p}_$r.md" 2>&1
+    done
+  done
+  log "bench join SF 10 semi, 16 partitions"
+  timeout 200 "$BIN" bench join --scale 10 --runs 3 --markdown --only "semi" > "$OUT/semi_sf10_p16.md" 2>&1
   log "done"
   exit 0
 fi
