@@ -300,6 +300,14 @@ fn build_lookup(index: &IndexHandle) -> Lookup {
     }
 }
 
+/// Whether `join` is a semi or anti join (its output holds one side's columns only).
+fn is_semi_or_anti(join: &HashJoinExec) -> bool {
+    matches!(
+        join.join_type(),
+        JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
+    )
+}
+
 /// Whether `join` reads its build side once for all probe partitions.
 fn builds_once(join: &HashJoinExec) -> bool {
     *join.partition_mode() == PartitionMode::CollectLeft || join.left().output_partitioning().partition_count() <= 1
@@ -334,10 +342,7 @@ fn estimate_of(
         probe_rows_per_run: probe_rows_per_run(join, key),
         build_collected: builds_once(join),
         hash_build_collected: builds_once(vanilla),
-        semi: matches!(
-            join.join_type(),
-            JoinType::LeftSemi | JoinType::LeftAnti | JoinType::RightSemi | JoinType::RightAnti
-        ),
+        semi: is_semi_or_anti(join),
     };
     Estimate {
         mphf_ns: model.slot_join_ns(&shape),
@@ -503,10 +508,7 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
-    let keeps_order = matches!(
-        join.join_type(),
-        JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
-    ) || join.projection.is_some();
+    let keeps_order = is_semi_or_anti(join) || join.projection.is_some();
     if keeps_order {
         return Ok(Some(exec));
     }
