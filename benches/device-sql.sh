@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -20,6 +20,18 @@ if [ "$PART" = sf1 ]; then
   timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1_p16.md" 2>&1
   log "bench groupby SF 10, 16 partitions (dependent columns)"
   timeout 150 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "order columns" > "$OUT/groupby_sf10_p16_dep.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = parity ]; then
+  # Parquet parity (benches/parquet_parity.sh): TPC-H SF 1 and SF 10 Parquet files with saved
+  # indexes, `mphf sql` against `mphf sql --no-mphf`, 3 processes each.
+  for sf in 1 10; do
+    log "parquet parity, SF $sf"
+    timeout 400 "$(dirname "$0")/parquet_parity.sh" "$BIN" "/tmp/tpch_parity_sf$sf" $sf 3 "$OUT/parity_sf$sf" \
+      > "$OUT/parity_sf$sf.txt" 2>&1
+  done
   log "done"
   exit 0
 fi

@@ -197,11 +197,17 @@ async fn scan_slots_are_aligned_under_pruning_filters_and_batch_sizes() {
     for (batch_size, pushdown) in [(8192, false), (1000, true), (7, false), (7, true), (1, true)] {
         let ctx = mphf_session(dir.path(), batch_size, pushdown).await;
         // The output keys come from the index: no file is decoded with its key column, unless
-        // an aggregate argument or a filter reads the key.
+        // an aggregate argument or a filter above the scan reads the key. With filter pushdown
+        // the filter on the key runs inside the Parquet reader, which reads the key for it,
+        // and the scan's batches need no key.
+        let key_mode = |q: &str| match (q.contains("WHERE id"), pushdown) {
+            (true, true) => "key=unread in mapped files",
+            _ => "key=read",
+        };
         let cases = QUERIES
             .iter()
-            .map(|q| (q, "key=unread in mapped files"))
-            .chain(KEY_READING_QUERIES.iter().map(|q| (q, "key=read")));
+            .map(|q| (*q, "key=unread in mapped files"))
+            .chain(KEY_READING_QUERIES.iter().map(|q| (*q, key_mode(q))));
         for (sql, key_mode) in cases {
             let want = vanilla_rows(dir.path(), sql, batch_size, pushdown).await;
             let (got, plan, input_rows, scan_rows) = mphf_run(&ctx, sql).await;
@@ -367,5 +373,75 @@ async fn mphf_index_over_the_scan_returns_the_stored_slots() {
         let limited = "SELECT seq, mphf_index(id) AS slot FROM ev ORDER BY seq LIMIT 5";
         let limited_lookup = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev ORDER BY seq LIMIT 5";
         assert_eq!(mphf_run(&ctx, limited).await.0, mphf_run(&ctx, limited_lookup).await.0);
+    }
+}
+
+/// The scan lines of a plan's text (`DataSourceExec` and `SlotScanExec`).
+fn scan_lines(plan: &str) -> Vec<&str> {
+    plan.lines()
+        .filter(|l| l.contains("DataSourceExec") || l.contains("SlotScanExec"))
+        .collect()
+}
+
+/// The index's `MphfRelabelExec` over an indexed table's scan passes DataFusion's filter, sort
+/// and projection pushdown through: a TopK's and a hash join's dynamic filters reach the
+/// Parquet scan of the indexed table as they do without indexes (row groups that cannot
+/// qualify are skipped while the query runs), a scan reverses its row groups for a descending
+/// sort when vanilla's does, and the rows stay vanilla's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_filters_reach_the_scan_of_an_indexed_table() {
+    let dir = table_dir(1_000_000_007);
+    let ctx = mphf_session(dir.path(), 8192, true).await;
+    ctx.sql("SET mphf.enable_join = false")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let queries = [
+        // TopK: its dynamic filter on `v` goes to the scan.
+        "SELECT id, s, v FROM ev ORDER BY v DESC LIMIT 5",
+        // Over the clustered `seq`, the scan also reverses its row groups for the sort, if
+        // DataFusion does so without indexes.
+        "SELECT id, seq FROM ev ORDER BY seq DESC LIMIT 5",
+        // The join's build side (a few ids) filters the probe side's scan of `ev` on `id`.
+        "SELECT count(*) AS n, sum(e.v) AS sv FROM ev e JOIN (SELECT id FROM ev WHERE seq < 40) d ON e.id = d.id",
+    ];
+    for sql in queries {
+        let vanilla_ctx = SessionContext::new_with_config(config(8192, true));
+        vanilla_ctx
+            .register_parquet("ev", dir.path().to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+        let vanilla_plan = vanilla_ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let vanilla_text = displayable(vanilla_plan.as_ref()).indent(true).to_string();
+        let (rows, text, _, _) = mphf_run(&ctx, sql).await;
+        let scans_with = |text: &str, what: &str| scan_lines(text).iter().filter(|l| l.contains(what)).count();
+        assert!(
+            scans_with(&vanilla_text, "DynamicFilter") > 0,
+            "{sql}: vanilla pushes no dynamic filter:\n{vanilla_text}"
+        );
+        assert!(
+            !sql.contains("seq DESC") || scans_with(&vanilla_text, "reverse_row_groups=true") > 0,
+            "{sql}: vanilla does not reverse the row groups:\n{vanilla_text}"
+        );
+        for what in ["DynamicFilter", "reverse_row_groups=true"] {
+            assert_eq!(
+                scans_with(&text, what),
+                scans_with(&vanilla_text, what),
+                "{sql}: the indexed table's scan differs from vanilla's in {what}:\n{text}\nvanilla:\n{vanilla_text}"
+            );
+        }
+        assert!(
+            text.contains("MphfRelabelExec"),
+            "{sql}: the index is not in the plan:\n{text}"
+        );
+        assert_eq!(rows, vanilla_rows(dir.path(), sql, 8192, true).await, "{sql}");
     }
 }

@@ -7,6 +7,13 @@
 //! the physical function from the physical input schema). Relabeling is free: batches keep their
 //! columns and only swap their schema pointer.
 //!
+//! The relabel node is transparent to DataFusion's scan optimizations: a sort, a filter (a
+//! TopK's or a hash join's dynamic filter, a `FilterExec` under `pushdown_filters`) and a
+//! projection of bare columns pass through it into the scan, as they would with no index. A
+//! node that blocked them would cost an indexed table those optimizations even when no MPHF
+//! operator is planned. Filters that call `mphf_index` stay above it, since below it their
+//! column carries no label.
+//!
 //! Invariant: a field carries an id only while this table holds the index's handle, so a plan
 //! over this table always resolves the id.
 
@@ -17,12 +24,20 @@ use std::sync::Arc;
 use ::datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use ::datafusion::catalog::{Session, TableProvider};
-use ::datafusion::common::tree_node::TreeNodeRecursion;
+use ::datafusion::common::config::ConfigOptions;
+use ::datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use ::datafusion::common::{internal_err, Constraints, Result, Statistics};
 use ::datafusion::datasource::TableType;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
-use ::datafusion::physical_expr::PhysicalExpr;
+use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_expr::{PhysicalExpr, PhysicalSortExpr, ScalarFunctionExpr};
+use ::datafusion::physical_plan::execution_plan::CardinalityEffect;
+use ::datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterDescription, FilterPushdownPhase, FilterPushdownPropagation,
+};
+use ::datafusion::physical_plan::projection::ProjectionExec;
+use ::datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
 use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
@@ -32,6 +47,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 use super::registry::{IndexHandle, INDEX_METADATA_KEY};
+use super::udf::mphf_index::MPHF_INDEX_NAME;
 
 /// A table provider that owns MPHF indexes on some columns of an inner provider.
 #[derive(Debug)]
@@ -131,6 +147,16 @@ impl TableProvider for MphfTable {
     }
 }
 
+/// True when `expr` calls `mphf_index`, which finds its index by the label of its argument's
+/// field: evaluated below an [`MphfRelabelExec`], it would find none.
+fn reads_index_labels(expr: &Arc<dyn PhysicalExpr>) -> bool {
+    expr.exists(|e| {
+        Ok(e.downcast_ref::<ScalarFunctionExpr>()
+            .is_some_and(|call| call.name() == MPHF_INDEX_NAME))
+    })
+    .unwrap_or(true)
+}
+
 /// True when `field` carries an index label (its own or one inherited from a source table).
 pub fn has_index_label(field: &Field) -> bool {
     field.metadata().contains_key(INDEX_METADATA_KEY)
@@ -168,6 +194,26 @@ impl MphfRelabelExec {
         }
         let schema = label_schema(&in_schema, indexes);
         Ok(Arc::new(Self::with_schema(input, schema, columns)?))
+    }
+
+    /// This node's labels over `child`, a new input with the same columns (the scan after a
+    /// sort, fetch or order-preservation change was pushed into it).
+    fn over(&self, child: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let same_columns = child.schema().fields().len() == self.schema.fields().len()
+            && child
+                .schema()
+                .fields()
+                .iter()
+                .zip(self.schema.fields())
+                .all(|(a, b)| a.name() == b.name());
+        if !same_columns {
+            return internal_err!("MphfRelabelExec: the new child's columns differ from the old one's");
+        }
+        Ok(Arc::new(Self::with_schema(
+            child,
+            Arc::clone(&self.schema),
+            self.columns.clone(),
+        )?))
     }
 
     fn with_schema(input: Arc<dyn ExecutionPlan>, schema: SchemaRef, columns: Vec<String>) -> Result<Self> {
@@ -228,22 +274,7 @@ impl ExecutionPlan for MphfRelabelExec {
         if children.len() != 1 {
             return internal_err!("MphfRelabelExec takes one child, got {}", children.len());
         }
-        let child = children.remove(0);
-        if !child
-            .schema()
-            .fields()
-            .iter()
-            .zip(self.schema.fields())
-            .all(|(a, b)| a.name() == b.name())
-            || child.schema().fields().len() != self.schema.fields().len()
-        {
-            return internal_err!("MphfRelabelExec: the new child's columns differ from the old one's");
-        }
-        Ok(Arc::new(Self::with_schema(
-            child,
-            Arc::clone(&self.schema),
-            self.columns.clone(),
-        )?))
+        self.over(children.remove(0))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
@@ -288,5 +319,91 @@ impl ExecutionPlan for MphfRelabelExec {
 
     fn supports_limit_pushdown(&self) -> bool {
         true
+    }
+
+    fn cardinality_effect(&self) -> CardinalityEffect {
+        CardinalityEffect::Equal
+    }
+
+    /// The order a sort above wants is the scan's to give (a Parquet scan may reverse its row
+    /// groups for it); this node keeps its labels over the reordered scan.
+    fn try_pushdown_sort(&self, order: &[PhysicalSortExpr]) -> Result<SortOrderPushdownResult<Arc<dyn ExecutionPlan>>> {
+        self.input.try_pushdown_sort(order)?.try_map(|scan| self.over(scan))
+    }
+
+    fn with_preserve_order(&self, preserve_order: bool) -> Option<Arc<dyn ExecutionPlan>> {
+        let scan = self.input.with_preserve_order(preserve_order)?;
+        self.over(scan).ok()
+    }
+
+    /// Relabeling keeps every column as it is, so a filter above holds below unchanged: the
+    /// scan gets the filters that DataFusion pushes down (a join's or a TopK's dynamic
+    /// filter, a `FilterExec` under `pushdown_filters`) exactly as in a session without
+    /// indexes.
+    fn gather_filters_for_pushdown(
+        &self,
+        _phase: FilterPushdownPhase,
+        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
+        _config: &ConfigOptions,
+    ) -> Result<FilterDescription> {
+        // A filter that calls `mphf_index` stays above: below, its column has no label. It is
+        // passed on as a column that does not exist, which marks it as not pushed down in
+        // its place (the optimizer matches the answers to the filters by position).
+        let filters: Vec<Arc<dyn PhysicalExpr>> = parent_filters
+            .into_iter()
+            .map(|f| match reads_index_labels(&f) {
+                true => Arc::new(Column::new("mphf_index", usize::MAX)) as Arc<dyn PhysicalExpr>,
+                false => f,
+            })
+            .collect();
+        FilterDescription::from_children(filters, &self.children())
+    }
+
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        Ok(FilterPushdownPropagation::if_all(child_pushdown_result))
+    }
+
+    /// A projection of bare columns moves into the scan below, as it would without indexes;
+    /// this node then relabels the projected columns with the projection's own output schema,
+    /// which names the same indexes (a column keeps its label under an alias). A projection
+    /// that computes anything stays above: an expression such as `mphf_index(col)` reads the
+    /// labels of its input.
+    fn try_swapping_with_projection(&self, projection: &ProjectionExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if !projection
+            .expr()
+            .iter()
+            .all(|p| p.expr.downcast_ref::<Column>().is_some())
+        {
+            return Ok(None);
+        }
+        let Some(projected) = self.input.try_swapping_with_projection(projection)? else {
+            return Ok(None);
+        };
+        let schema = projection.schema();
+        let inner = projected.schema();
+        let same_columns = inner.fields().len() == schema.fields().len()
+            && inner
+                .fields()
+                .iter()
+                .zip(schema.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if !same_columns {
+            return Ok(None);
+        }
+        let columns: Vec<String> = schema
+            .fields()
+            .iter()
+            .filter(|f| has_index_label(f))
+            .map(|f| f.name().clone())
+            .collect();
+        if columns.is_empty() && inner == schema {
+            return Ok(Some(projected));
+        }
+        Ok(Some(Arc::new(Self::with_schema(projected, schema, columns)?)))
     }
 }
