@@ -401,8 +401,8 @@ async fn dynamic_filters_reach_the_scan_of_an_indexed_table() {
     let queries = [
         // TopK: its dynamic filter on `v` goes to the scan.
         "SELECT id, s, v FROM ev ORDER BY v DESC LIMIT 5",
-        // Over the clustered `seq`, the scan also reverses its row groups for the sort, if
-        // DataFusion does so without indexes.
+        // Over the clustered `seq`, the scan also reverses its row groups for the sort, as
+        // DataFusion's does without indexes.
         "SELECT id, seq FROM ev ORDER BY seq DESC LIMIT 5",
         // The join's build side (a few ids) filters the probe side's scan of `ev` on `id`.
         "SELECT count(*) AS n, sum(e.v) AS sv FROM ev e JOIN (SELECT id FROM ev WHERE seq < 40) d ON e.id = d.id",
