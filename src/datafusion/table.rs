@@ -157,6 +157,12 @@ fn reads_index_labels(expr: &Arc<dyn PhysicalExpr>) -> bool {
     .unwrap_or(true)
 }
 
+/// True when `a` and `b` have as many fields and each pair of fields at the same position is
+/// `same`.
+fn fields_pair_up(a: &Schema, b: &Schema, same: impl Fn(&Field, &Field) -> bool) -> bool {
+    a.fields().len() == b.fields().len() && a.fields().iter().zip(b.fields()).all(|(x, y)| same(x, y))
+}
+
 /// True when `field` carries an index label (its own or one inherited from a source table).
 pub fn has_index_label(field: &Field) -> bool {
     field.metadata().contains_key(INDEX_METADATA_KEY)
@@ -199,14 +205,7 @@ impl MphfRelabelExec {
     /// This node's labels over `child`, a new input with the same columns (the scan after a
     /// sort, fetch or order-preservation change was pushed into it).
     fn over(&self, child: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        let same_columns = child.schema().fields().len() == self.schema.fields().len()
-            && child
-                .schema()
-                .fields()
-                .iter()
-                .zip(self.schema.fields())
-                .all(|(a, b)| a.name() == b.name());
-        if !same_columns {
+        if !fields_pair_up(&child.schema(), &self.schema, |a, b| a.name() == b.name()) {
             return internal_err!("MphfRelabelExec: the new child's columns differ from the old one's");
         }
         Ok(Arc::new(Self::with_schema(
@@ -386,13 +385,9 @@ impl ExecutionPlan for MphfRelabelExec {
         };
         let schema = projection.schema();
         let inner = projected.schema();
-        let same_columns = inner.fields().len() == schema.fields().len()
-            && inner
-                .fields()
-                .iter()
-                .zip(schema.fields())
-                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-        if !same_columns {
+        if !fields_pair_up(&inner, &schema, |a, b| {
+            a.name() == b.name() && a.data_type() == b.data_type()
+        }) {
             return Ok(None);
         }
         let columns: Vec<String> = schema
