@@ -51,6 +51,34 @@ pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<d
     }
 }
 
+/// Whether a GPU may be usable, without starting it (the context's outcome once created, else
+/// whether a CUDA driver library is present). For figures that are shown but not acted on, such
+/// as `EXPLAIN`'s GPU estimate of a node placed on the CPU: planning must not pay the GPU's
+/// start-up for a node that does not run there.
+pub fn gpu_may_be_usable() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        crate::gpu::GpuContext::may_be_usable()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
+/// Whether this process has tried to start the GPU (created, or failed to create, the shared
+/// CUDA context). Planning a node that stays on the CPU must leave it false.
+pub fn gpu_started() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        crate::gpu::GpuContext::started()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
 /// Whether a GPU is usable by this process (creates the shared CUDA context on first call).
 ///
 /// # Errors

@@ -393,3 +393,20 @@ async fn group_joins_match_vanilla() {
         }
     }
 }
+
+/// Planning an indexed GROUP BY under `aggregate_device = 'auto'` prices the GPU without
+/// starting it: creating the CUDA context takes a large share of a second, which the first
+/// query of every process paid in its planning even when the node stayed on the CPU. (No test
+/// in this file places work on the GPU, so the process-wide state is this file's own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planning_on_the_cpu_does_not_start_the_gpu() {
+    let ctx = setup(2, false).await;
+    ctx.sql("SET mphf.aggregate_device = 'auto'").await.unwrap();
+    let df = ctx
+        .sql("EXPLAIN SELECT id, count(*) FROM dim GROUP BY id")
+        .await
+        .unwrap();
+    let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+    assert!(text.contains("cost="), "the rule priced the node:\n{text}");
+    assert!(!datafusion_mphf::placement::gpu_started(), "{text}");
+}

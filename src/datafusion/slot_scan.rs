@@ -48,7 +48,7 @@ use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
-use ::datafusion::common::{internal_err, Result, ScalarValue};
+use ::datafusion::common::{internal_err, ColumnStatistics, Result, ScalarValue, Statistics};
 use ::datafusion::datasource::listing::PartitionedFile;
 use ::datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource, ParquetSource};
 use ::datafusion::datasource::source::DataSourceExec;
@@ -65,6 +65,7 @@ use ::datafusion::physical_plan::metrics::{
 };
 use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
+use ::datafusion::physical_plan::statistics::StatisticsArgs;
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, ReplaceChildrenOptions,
@@ -318,6 +319,9 @@ pub struct SlotScanExec {
     files: usize,
     /// Files with a slot map.
     mapped: usize,
+    /// The replaced scan (the `DataSourceExec` under the relabel node): its statistics are this
+    /// node's, but for the slot column.
+    scan: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -442,6 +446,7 @@ impl SlotScanExec {
             handle: Arc::clone(handle),
             files,
             mapped,
+            scan: Arc::clone(inner),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
@@ -527,6 +532,27 @@ impl ExecutionPlan for SlotScanExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    /// The replaced scan's statistics (same files, same partitions, same rows), with the slot
+    /// column's unknown. Without them every estimate above a slot scan fell back to a guess:
+    /// a join's probe side was priced at its build side's rows.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        // A leaf: the replaced scan takes no input statistics either.
+        let scan = self.scan.statistics_from_inputs(&[], args)?;
+        let mut stats = Arc::unwrap_or_clone(scan);
+        if self.key_column == KeyColumn::WhereNoSlots {
+            // Mapped files hand placeholders in the key column to consumers that do not read it.
+            if let Some(key) = stats.column_statistics.get_mut(self.key) {
+                *key = ColumnStatistics::new_unknown();
+            }
+        }
+        stats.column_statistics.push(ColumnStatistics::new_unknown());
+        Ok(Arc::new(stats))
     }
 }
 

@@ -103,6 +103,25 @@ impl GpuContext {
         .clone()
     }
 
+    /// Whether a GPU may be usable, without creating the context: the context's outcome once it
+    /// was created, else whether the driver library can be loaded (checked once per process).
+    /// Creating the context (cuInit, the context, a stream) takes a large share of a second, so
+    /// figures that are only shown, not acted on, ask this instead of [`get`](Self::get).
+    pub fn may_be_usable() -> bool {
+        static DRIVER: OnceLock<bool> = OnceLock::new();
+        match GPU.get() {
+            Some(outcome) => outcome.is_ok(),
+            // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
+            None => *DRIVER
+                .get_or_init(|| catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false)),
+        }
+    }
+
+    /// Whether this process has tried to create the context (successfully or not).
+    pub fn started() -> bool {
+        GPU.get().is_some()
+    }
+
     fn create() -> Result<Arc<GpuContext>, GpuError> {
         // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {

@@ -347,7 +347,9 @@ pub(crate) fn decide(
     let shape = shape_of(agg, &handle, lookup, rows, if range_form { 1 } else { partitions });
     let model = &costing.model;
     let (cpu_ns, hash_ns) = (model.slot_aggregate_ns(&shape), model.hash_aggregate_ns(&shape));
-    let gpu_ns = (costing.device != Device::Cpu && crate::placement::gpu_usable().is_ok())
+    // Shown only: asking whether the GPU is usable would start it (a large share of a second)
+    // while planning a node that may not run there.
+    let gpu_ns = (costing.device != Device::Cpu && crate::placement::gpu_may_be_usable())
         .then(|| model.gpu_aggregate_ns(&shape));
     let cpu_estimate = Estimate {
         mphf_ns: cpu_ns,
