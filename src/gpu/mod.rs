@@ -91,6 +91,14 @@ impl std::fmt::Debug for GpuContext {
 
 static GPU: OnceLock<Result<Arc<GpuContext>, GpuError>> = OnceLock::new();
 
+/// Whether the CUDA driver library can be loaded (checked once per process; cudarc panics on
+/// the first driver call when it cannot).
+fn driver_present() -> bool {
+    static DRIVER: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
+    *DRIVER.get_or_init(|| catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false))
+}
+
 impl GpuContext {
     /// The shared context, created on first use.
     ///
@@ -108,12 +116,9 @@ impl GpuContext {
     /// Creating the context (cuInit, the context, a stream) takes a large share of a second, so
     /// figures that are only shown, not acted on, ask this instead of [`get`](Self::get).
     pub fn may_be_usable() -> bool {
-        static DRIVER: OnceLock<bool> = OnceLock::new();
         match GPU.get() {
             Some(outcome) => outcome.is_ok(),
-            // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
-            None => *DRIVER
-                .get_or_init(|| catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false)),
+            None => driver_present(),
         }
     }
 
@@ -123,8 +128,7 @@ impl GpuContext {
     }
 
     fn create() -> Result<Arc<GpuContext>, GpuError> {
-        // SAFETY: only tries to dlopen libcuda by its usual names; no symbol is called.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(GpuError::NoDriver);
         }
         let count = CudaContext::device_count().map_err(GpuError::driver("cuInit/cuDeviceGetCount failed"))?;
