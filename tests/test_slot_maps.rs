@@ -471,3 +471,91 @@ async fn a_slot_scan_reports_its_files_rows() {
     assert_eq!(stats.num_rows.get_value(), Some(&((ROWS * FILES) as usize)));
     assert_eq!(stats.column_statistics.len(), scan.schema().fields().len());
 }
+
+/// Sum of metric `name` over the MPHF join nodes of `plan`.
+fn join_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let own = match plan.name().starts_with("Mphf") && plan.name().contains("Join") {
+        true => plan
+            .metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .map_or(0, |v| v.as_usize()),
+        false => 0,
+    };
+    own + plan
+        .children()
+        .into_iter()
+        .map(|c| join_metric_sum(c, name))
+        .sum::<usize>()
+}
+
+/// Joins whose build key is the indexed `id` of the Parquet table read each build row's slot
+/// from the slot maps (a slot scan under the build side) instead of querying the MPHF, in every
+/// join type and under filters, projections and batch sizes, with vanilla's rows. `id` repeats
+/// (a CSR build table) and is NULL in every 101st row. After a file is rewritten under the
+/// index, its rows are looked up instead, and the rows stay vanilla's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joins_build_from_stored_slots() {
+    let dir = table_dir(1_000_000_007);
+    let queries = [
+        "SELECT count(*) AS n, sum(a.v) AS sa, sum(b.v) AS sb FROM (SELECT id, v FROM ev WHERE seq % 5 = 0) a JOIN ev b ON a.id = b.id",
+        "SELECT b.s, count(*) AS n, sum(a.v) AS sa FROM (SELECT id, v FROM ev WHERE seq < 900) a JOIN ev b ON a.id = b.id GROUP BY b.s",
+        "SELECT a.seq, b.seq AS bseq FROM (SELECT id, seq FROM ev WHERE seq < 300) a LEFT JOIN (SELECT id, seq FROM ev WHERE v % 3 = 0) b ON a.id = b.id",
+        "SELECT count(*) AS n, sum(v) AS sv FROM ev WHERE id IN (SELECT id FROM ev WHERE seq < 4000)",
+        "SELECT count(*) AS n, sum(v) AS sv FROM ev a WHERE NOT EXISTS (SELECT 1 FROM ev b WHERE b.id = a.id AND b.seq < 4000)",
+    ];
+    let session = |batch_size: usize| {
+        let dir = dir.path().to_path_buf();
+        async move {
+            let ctx = mphf_session(&dir, batch_size, false).await;
+            ctx.tune(|t| {
+                t.join_min_slots = 0;
+                t.join_min_probe_rows_per_run = 0.0;
+                t.join_yield_to_array_map = false;
+            });
+            ctx
+        }
+    };
+    for batch_size in [8192, 333] {
+        let ctx = session(batch_size).await;
+        for sql in queries {
+            let (got, plan, _, _) = mphf_plan_run(&ctx, sql).await;
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            let case = format!("batch {batch_size}: {sql}\n{text}");
+            assert_eq!(got, vanilla_rows(dir.path(), sql, batch_size, false).await, "{case}");
+            let build_rows = join_metric_sum(&plan, "build_rows");
+            assert!(build_rows > 0, "an MPHF join ran: {case}");
+            assert_eq!(
+                join_metric_sum(&plan, "build_stored_slot_rows"),
+                build_rows,
+                "every build row has its slot from the scan: {case}"
+            );
+        }
+    }
+
+    // Rewrite file 0 with other ids under a live session's index (same name, size and
+    // modification time): its rows are looked up (not in the index: strays), the other
+    // file's slots are copied.
+    let ctx = session(8192).await;
+    let target = dir.path().join("part-0.parquet");
+    let old = std::fs::metadata(&target).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    write_file(&other.path().join("part-0.parquet"), 0, 900);
+    std::fs::copy(other.path().join("part-0.parquet"), &target).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&target)
+        .unwrap()
+        .set_modified(old.modified().unwrap())
+        .unwrap();
+    let semi = "SELECT count(*) AS n, sum(v) AS sv FROM ev WHERE id IN (SELECT id FROM ev WHERE seq % 4 = 0)";
+    for sql in [queries[0], semi] {
+        let (got, plan, _, _) = mphf_plan_run(&ctx, sql).await;
+        let text = displayable(plan.as_ref()).indent(true).to_string();
+        assert_eq!(got, vanilla_rows(dir.path(), sql, 8192, false).await, "{sql}\n{text}");
+        let (build_rows, stored) = (
+            join_metric_sum(&plan, "build_rows"),
+            join_metric_sum(&plan, "build_stored_slot_rows"),
+        );
+        assert!(0 < stored && stored < build_rows, "{stored} of {build_rows}: {sql}\n{text}");
+    }
+}

@@ -29,7 +29,7 @@
 //!
 //! # Rewriting a plan
 //! [`attach_scan_slots`] walks from an operator's input down through projections, filters,
-//! repartitions and cooperative wrappers to the [`MphfRelabelExec`] over the `DataSourceExec` of the
+//! repartitions, coalesces and cooperative wrappers to the [`MphfRelabelExec`] over the `DataSourceExec` of the
 //! indexed table, following the key column, and rebuilds that chain with the slot column
 //! appended at the end of every schema (so no column index of the original nodes moves). It
 //! returns the position of the slot column in the new input, or `None` when any node is of
@@ -57,6 +57,7 @@ use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::projection::{ProjectionExpr, ProjectionExprs};
 use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, ScalarFunctionExpr};
+use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::coop::CooperativeExec;
 use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use ::datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
@@ -204,6 +205,15 @@ pub fn attach_scan_slots(
             slot,
         )));
     }
+    if let Some(c) = input.downcast_ref::<CoalescePartitionsExec>() {
+        if c.fetch().is_some() {
+            return Ok(None);
+        }
+        let Some((child, slot)) = attach_scan_slots(c.input(), key, handle, key_column)? else {
+            return Ok(None);
+        };
+        return Ok(Some((Arc::new(CoalescePartitionsExec::new(child)), slot)));
+    }
     if input.downcast_ref::<CooperativeExec>().is_some() {
         let [child] = input.children()[..] else {
             return Ok(None);
@@ -218,7 +228,7 @@ pub fn attach_scan_slots(
 }
 
 /// Whether column `col` of `plan` is a column of an indexed table's scan whose arrays reach
-/// `plan`'s output as the scan produced them: only projections of plain columns and
+/// `plan`'s output as the scan produced them: only projections of plain columns, coalesces and
 /// round-robin repartitions (which move whole batches) lie between. Filters, hash
 /// repartitions, sorts and casts build new arrays, which the row slots would not find.
 pub fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
@@ -231,6 +241,9 @@ pub fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
             .get(col)
             .and_then(|e| e.expr.downcast_ref::<Column>())
             .is_some_and(|c| hands_table_arrays(p.input(), c.index()));
+    }
+    if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
+        return hands_table_arrays(c.input(), col);
     }
     match plan.downcast_ref::<RepartitionExec>() {
         Some(r) if matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) => hands_table_arrays(r.input(), col),

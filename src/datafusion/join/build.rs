@@ -17,9 +17,12 @@
 //!
 //! The build runs on all cores, since in the collect form one build feeds every probe partition
 //! and the probes wait for it: a coalesced build side is read from its own partitions by one
-//! task each, which also looks up its rows' slots; the columns are concatenated (one batch)
-//! column by column in parallel, and the unique table is filled with rayon. (On the 16-core host
-//! this took the SF 1 `lineitem ⋈ orders` build from 37 ms to 13–16 ms.)
+//! task each, which also finds its rows' slots; the columns are concatenated (one batch)
+//! column by column in parallel, and the unique table is filled with rayon.
+//!
+//! A build side read by a slot-map scan (a Parquet table with slot maps, see
+//! `crate::datafusion::slot_scan`) carries each row's slot in a column of its own: a batch
+//! whose slots the scan vouches for takes them from there, any other batch looks its keys up.
 //!
 //! # Invariants
 //! - Every build row with a non-NULL key is reachable from exactly one place: its key's slot,
@@ -46,6 +49,7 @@ use rayon::prelude::*;
 use crate::core::column::ColumnIndex;
 use crate::core::column::ABSENT;
 use crate::datafusion::error::to_df;
+use crate::datafusion::slot_scan::scan_slots_of;
 
 /// Marks a slot without a build row in [`SlotRows::Unique`].
 pub const NO_ROW: u32 = u32::MAX;
@@ -97,6 +101,8 @@ pub struct BuildTimings {
 pub struct BuildSide {
     /// Where the build's time went.
     pub timings: BuildTimings,
+    /// Build rows whose slots the slot-map scan gave (the others were looked up).
+    pub stored_slot_rows: usize,
     /// All build rows.
     pub batch: RecordBatch,
     /// Slot → build rows.
@@ -123,7 +129,8 @@ impl BuildSide {
     /// its own partitions: each is read, and its keys looked up, by a task of its own); rows are
     /// numbered in input order. `key` is the indexed join key on the build side, `residual` the
     /// other keys; `track_visits` keeps the visited bitmap; `probes` is the number of probe
-    /// streams that will read it.
+    /// streams that will read it. `stored_slots` is the position of the slots a slot-map scan
+    /// appended to the build side, if it did.
     ///
     /// # Errors
     /// Input errors, memory-pool refusals, more than 2^32 − 2 build rows.
@@ -133,6 +140,7 @@ impl BuildSide {
         schema: SchemaRef,
         index: &Arc<ColumnIndex>,
         key: &PhysicalExprRef,
+        stored_slots: Option<usize>,
         residual: &[PhysicalExprRef],
         track_visits: bool,
         probes: usize,
@@ -140,24 +148,27 @@ impl BuildSide {
     ) -> Result<BuildSide> {
         let start = std::time::Instant::now();
         let reservation = Arc::new(reservation);
-        let several = inputs.len() > 1;
+        // Slots found batch by batch, by the reading tasks; otherwise after the read, on all cores.
+        let per_batch = inputs.len() > 1 || stored_slots.is_some();
         let tasks: Vec<_> = inputs
             .into_iter()
             .map(|stream| {
-                let index = several.then(|| Arc::clone(index));
+                let index = per_batch.then(|| Arc::clone(index));
                 let (key, reservation) = (Arc::clone(key), Arc::clone(&reservation));
-                SpawnedTask::spawn(read_input(stream, index, key, reservation))
+                SpawnedTask::spawn(read_input(stream, index, stored_slots, key, reservation))
             })
             .collect();
         let mut batches = Vec::new();
         let mut slots = Vec::new();
+        let mut stored_slot_rows = 0;
         for task in tasks {
-            let (b, s) = task
+            let (b, s, stored) = task
                 .join_unwind()
                 .await
                 .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
             batches.extend(b);
             slots.extend(s);
+            stored_slot_rows += stored;
         }
         let mut reservation = Arc::try_unwrap(reservation)
             .map_err(|_| DataFusionError::Internal("MphfJoinExec: build reservation still shared".into()))?;
@@ -166,8 +177,8 @@ impl BuildSide {
         reservation.try_resize(batch.get_array_memory_size())?;
         let input_done = std::time::Instant::now();
         let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
-        // One input: its lookups were left to this step, on all cores.
-        if !several {
+        // One input without stored slots: its lookups were left to this step, on all cores.
+        if !per_batch {
             slots = parallel_slots(index, &keys)?;
         }
         let slots_done = std::time::Instant::now();
@@ -206,6 +217,7 @@ impl BuildSide {
         };
         Ok(BuildSide {
             timings,
+            stored_slot_rows,
             batch,
             table,
             strays,
@@ -265,27 +277,37 @@ impl BuildSide {
     }
 }
 
-/// Reads one build input: its batches, and (with `index`) the slots of their keys.
+/// Reads one build input: its batches, and (with `index`) their rows' slots: the stored ones
+/// at column `stored_slots` where the scan vouches for them, else the keys' lookups.
 async fn read_input(
     mut stream: SendableRecordBatchStream,
     index: Option<Arc<ColumnIndex>>,
+    stored_slots: Option<usize>,
     key: PhysicalExprRef,
     reservation: Arc<MemoryReservation>,
-) -> Result<(Vec<RecordBatch>, Vec<u64>)> {
+) -> Result<(Vec<RecordBatch>, Vec<u64>, usize)> {
     let mut batches = Vec::new();
     let mut slots = Vec::new();
+    let mut stored_rows = 0;
     let mut chunk = Vec::new();
     while let Some(batch) = stream.next().await {
         let batch = batch?;
         reservation.try_grow(batch.get_array_memory_size())?;
         if let Some(index) = &index {
-            let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
-            index.lookup_slots(keys.as_ref(), &mut chunk).map_err(to_df)?;
+            let stored = stored_slots
+                .and_then(|c| batch.columns().get(c))
+                .is_some_and(|c| scan_slots_of(c, &mut chunk));
+            if stored {
+                stored_rows += batch.num_rows();
+            } else {
+                let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
+                index.lookup_slots(keys.as_ref(), &mut chunk).map_err(to_df)?;
+            }
             slots.extend_from_slice(&chunk);
         }
         batches.push(batch);
     }
-    Ok((batches, slots))
+    Ok((batches, slots, stored_rows))
 }
 
 /// `batches` as one batch, its columns concatenated on all cores.

@@ -29,6 +29,7 @@
 //! - Output batches hold at most `batch_size` rows; build memory is reserved in the pool.
 
 pub mod build;
+mod build_slots;
 mod group_count;
 pub mod group_join;
 pub mod probe;
@@ -65,6 +66,7 @@ pub use rule::MphfJoinRule;
 use crate::datafusion::once::OncePerExecution;
 use crate::datafusion::plan::cost::{write_suffix, Estimate};
 use crate::datafusion::registry::IndexHandle;
+use crate::datafusion::slot_scan::scan_slots_position;
 use translate::{probe_index, Translator};
 
 type BuildResult = std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>;
@@ -169,6 +171,7 @@ impl MphfJoinExec {
         let schema = left.schema();
         let index = Arc::clone(&self.index);
         let key = Arc::clone(&self.join.on()[self.key].0);
+        let stored_slots = scan_slots_position(&schema, &self.index);
         let residual: Vec<_> = self.residual_pairs().map(|(l, _)| Arc::clone(l)).collect();
         let track = Prober::tracks_visits(*self.join.join_type());
         let reservation =
@@ -177,6 +180,7 @@ impl MphfJoinExec {
         let build_rows = MetricBuilder::new(&self.metrics).counter("build_rows", partition);
         let csr = MetricBuilder::new(&self.metrics).counter("build_csr_layout", partition);
         let strays = MetricBuilder::new(&self.metrics).counter("build_stray_rows", partition);
+        let stored = MetricBuilder::new(&self.metrics).counter("build_stored_slot_rows", partition);
         let input_time = MetricBuilder::new(&self.metrics).subset_time("build_input_time", partition);
         let slots_time = MetricBuilder::new(&self.metrics).subset_time("build_slots_time", partition);
         let layout_time = MetricBuilder::new(&self.metrics).subset_time("build_layout_time", partition);
@@ -187,6 +191,7 @@ impl MphfJoinExec {
                 schema,
                 index.index(),
                 &key,
+                stored_slots,
                 &residual,
                 track,
                 probes,
@@ -200,6 +205,7 @@ impl MphfJoinExec {
             build_rows.add(side.rows());
             csr.add(matches!(side.table, SlotRows::Multi { .. }) as usize);
             strays.add(side.strays.values().map(Vec::len).sum());
+            stored.add(side.stored_slot_rows);
             Ok(Arc::new(side))
         }
         .boxed())

@@ -80,6 +80,7 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
+use super::build_slots::with_build_scan_slots;
 use super::group_count;
 use super::translate::{translates_probe, with_probe_scan_slots};
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
@@ -87,6 +88,7 @@ use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, IndexHandle};
+use crate::datafusion::slot_scan::{hands_table_arrays, scan_slots_position};
 use crate::datafusion::table::MphfRelabelExec;
 
 /// The physical optimizer rule installing [`MphfJoinExec`].
@@ -326,6 +328,9 @@ fn estimate_of(
     let table_rows = handle.index().stats().rows as f64;
     let build_rows = group_count::estimated_rows(join.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
+    let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
+    let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
+        || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
     let shape = JoinShape {
         build_rows,
         probe_rows: group_count::estimated_rows(join.right()).unwrap_or(build_rows),
@@ -334,7 +339,10 @@ fn estimate_of(
             Some(_) => KeyKind::Fixed,
             None => KeyKind::Bytes,
         },
-        build_lookup: lookup,
+        build_lookup: match build_copies {
+            true => Lookup::Copied,
+            false => lookup,
+        },
         probe_lookup: match translates_probe(join, key) {
             true => Lookup::Copied,
             false => lookup,
@@ -393,8 +401,11 @@ pub(crate) fn candidates(
     let tables_pay =
         collect_left || costing.partitioned_max_partitions == 0 || partitions <= costing.partitioned_max_partitions;
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
-    let slotted =
-        |join: HashJoinExec| -> Result<HashJoinExec> { Ok(with_probe_scan_slots(&join, key)?.unwrap_or(join)) };
+    // So does a build key with slot maps (copied, no lookup).
+    let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
+        let join = with_probe_scan_slots(&join, key)?.unwrap_or(join);
+        Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
+    };
     let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
         let estimate = estimate_of(&join, vanilla, &handle, key, &costing.model);
         (join, estimate)

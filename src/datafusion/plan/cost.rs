@@ -358,9 +358,12 @@ impl CostModel {
 
     /// Our join of `shape` on slots.
     pub fn slot_join_ns(&self, shape: &JoinShape) -> f64 {
+        // A collected build is read from its input's partitions at once (as many as the
+        // probe's), each looking up its rows' slots; the layout then runs on one table.
+        let collected_lookups = shape.build_rows * self.lookup_ns(shape.build_lookup, shape.key) / shape.threads();
         let build = match (shape.build_collected, shape.hash_build_collected) {
-            (true, true) => shape.build_rows * self.slot_build_row_ns,
-            (true, false) => self.slot_join_call_ns + shape.build_rows * self.slot_build_row_ns,
+            (true, true) => shape.build_rows * self.slot_build_row_ns + collected_lookups,
+            (true, false) => self.slot_join_call_ns + shape.build_rows * self.slot_build_row_ns + collected_lookups,
             (false, _) => {
                 shape.build_rows * (self.slot_join_row_ns + self.lookup_ns(shape.build_lookup, shape.key))
                     / shape.threads()
