@@ -801,3 +801,46 @@ async fn explain_prices_nodes_and_names_each_decline() {
     let (_, plan) = run(&ctx, "SELECT s, count(*) FROM t GROUP BY s").await;
     assert!(!plan.contains("MphfDeclined"), "{plan}");
 }
+
+/// The first node named `name` in `plan`, depth first.
+fn find_node(
+    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    name: &str,
+) -> Option<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+    if plan.name() == name {
+        return Some(std::sync::Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(|c| find_node(c, name))
+}
+
+/// The range form (one node in place of the partial and final aggregates) reports the final
+/// aggregate's statistics over the whole input, as DataFusion's final aggregate does; its
+/// slot-range partitions report unknown statistics.
+#[tokio::test]
+async fn the_range_form_reports_the_final_aggregates_statistics() {
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+    let ctx = setup_dependent(2).await;
+    ctx.tune(|t| {
+        t.aggregate_require_dependence = false;
+        t.aggregate_min_slots = 0;
+    });
+    let sql = "SELECT k, count(*), sum(v) FROM t GROUP BY k";
+    let stats_at = |plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>, partition| {
+        StatisticsContext::new()
+            .compute(plan.as_ref(), &StatisticsArgs::new().with_partition(partition))
+            .unwrap()
+    };
+    ctx.sql("SET mphf.enable_aggregate = false").await.unwrap();
+    let vanilla = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let final_agg = find_node(&vanilla, "AggregateExec").expect("vanilla's final aggregate");
+    ctx.sql("SET mphf.enable_aggregate = true").await.unwrap();
+    let (_, text) = run(&ctx, sql).await;
+    assert!(operator_line(&text).contains("form=ranges"), "{text}");
+    let ours = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let merged = find_node(&ours, "MphfAggregateExec").expect("the range form");
+    let (want, got) = (stats_at(&final_agg, None), stats_at(&merged, None));
+    assert!(got.num_rows.get_value().is_some(), "{got:?}");
+    assert_eq!(got.num_rows, want.num_rows);
+    assert_eq!(got.column_statistics.len(), merged.schema().fields().len());
+    assert_eq!(stats_at(&merged, Some(0)).num_rows.get_value(), None);
+}

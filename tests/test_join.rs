@@ -410,3 +410,52 @@ async fn planning_on_the_cpu_does_not_start_the_gpu() {
     assert!(text.contains("cost="), "the rule priced the node:\n{text}");
     assert!(!datafusion_mphf::placement::gpu_started(), "{text}");
 }
+
+/// The first node named `name` in `plan`, depth first.
+fn find_node(
+    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    name: &str,
+) -> Option<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+    if plan.name() == name {
+        return Some(std::sync::Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(|c| find_node(c, name))
+}
+
+/// A fused group join reports the statistics of the partial aggregate it replaces (over the
+/// join's), as DataFusion's partial aggregate over its hash join does: the planner's estimates
+/// above it (a repartition, the final aggregate, a join that reads its output) see rows, not an
+/// unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_join_reports_its_aggregates_statistics() {
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+    let ctx = setup(2, false).await;
+    let sql = "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp";
+    let stats_of = |plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
+        StatisticsContext::new()
+            .compute(plan.as_ref(), &StatisticsArgs::new())
+            .unwrap()
+    };
+    ctx.sql("SET mphf.enable_join = false").await.unwrap();
+    let vanilla = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let partial = find_node(&vanilla, "AggregateExec")
+        .and_then(|top| {
+            let mut node = top;
+            // The partial aggregate: the aggregate right above the join.
+            while let Some(child) = node.children().first().map(|c| std::sync::Arc::clone(c)) {
+                if child.name() == "HashJoinExec" {
+                    return Some(node);
+                }
+                node = child;
+            }
+            None
+        })
+        .expect("vanilla's partial aggregate over its join");
+    ctx.sql("SET mphf.enable_join = true").await.unwrap();
+    let ours = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+    let fused = find_node(&ours, "MphfGroupJoinExec").expect("a group join");
+    let (want, got) = (stats_of(&partial), stats_of(&fused));
+    assert!(got.num_rows.get_value().is_some(), "{got:?}");
+    assert_eq!(got.num_rows, want.num_rows);
+    assert_eq!(got.column_statistics.len(), fused.schema().fields().len());
+}

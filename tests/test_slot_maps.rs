@@ -556,6 +556,9 @@ async fn joins_build_from_stored_slots() {
             join_metric_sum(&plan, "build_rows"),
             join_metric_sum(&plan, "build_stored_slot_rows"),
         );
-        assert!(0 < stored && stored < build_rows, "{stored} of {build_rows}: {sql}\n{text}");
+        assert!(
+            0 < stored && stored < build_rows,
+            "{stored} of {build_rows}: {sql}\n{text}"
+        );
     }
 }

@@ -41,7 +41,7 @@ use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::SchemaRef;
 use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
-use ::datafusion::common::{internal_err, DataFusionError, Result};
+use ::datafusion::common::{internal_err, DataFusionError, Result, Statistics};
 use ::datafusion::execution::memory_pool::MemoryConsumer;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::EmitTo;
@@ -49,6 +49,7 @@ use ::datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalE
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties, ReplaceChildrenOptions,
@@ -777,5 +778,27 @@ impl ExecutionPlan for MphfMergedAggregateExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    /// The replaced aggregates' statistics over the whole input (the partial's of the input,
+    /// the final's of those). An output partition is a slot range, which no input statistic
+    /// describes: its statistics are unknown.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        if args.partition().is_some() {
+            return Ok(Arc::new(Statistics::new_unknown(&self.schema())));
+        }
+        let partial = self.partial.statistics_from_inputs(input_stats, args)?;
+        self.final_agg.statistics_from_inputs(&[partial], args)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        match partition {
+            Some(_) => vec![ChildStats::Skip],
+            None => vec![ChildStats::At(None)],
+        }
     }
 }

@@ -39,7 +39,7 @@ use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, Rec
 use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use ::datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use ::datafusion::common::{internal_err, DataFusionError, JoinSide, JoinType, Result};
+use ::datafusion::common::{internal_err, DataFusionError, JoinSide, JoinType, Result, Statistics};
 use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
@@ -52,6 +52,7 @@ use ::datafusion::physical_plan::display::DisplayableExecutionPlan;
 use ::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode;
 use ::datafusion::physical_plan::joins::utils::{build_join_schema, ColumnIndex as JoinColumn};
 use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use ::datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, InputDistributionRequirements,
@@ -537,5 +538,20 @@ impl ExecutionPlan for MphfGroupJoinExec {
             }
         }
         Some(all)
+    }
+
+    /// The replaced partial aggregate's statistics over the join's (partition by partition:
+    /// the aggregate keeps the join's partitions).
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let pairs = self.join.statistics_from_inputs(input_stats, args)?;
+        self.agg.statistics_from_inputs(&[pairs], args)
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        self.join.child_stats_requests(partition)
     }
 }
