@@ -8,7 +8,7 @@ mod sql_common;
 
 use datafusion::prelude::SessionConfig;
 use datafusion_mphf::datafusion::MphfContext;
-use sql_common::run;
+use sql_common::{find_node, run};
 
 /// A session with `partitions` target partitions and a 20,000-row table `t` whose key `k` has
 /// 6,000 distinct values plus NULLs, indexed with MPHF.
@@ -800,17 +800,6 @@ async fn explain_prices_nodes_and_names_each_decline() {
     ctx.sql("SET mphf.costing = 'auto'").await.unwrap();
     let (_, plan) = run(&ctx, "SELECT s, count(*) FROM t GROUP BY s").await;
     assert!(!plan.contains("MphfDeclined"), "{plan}");
-}
-
-/// The first node named `name` in `plan`, depth first.
-fn find_node(
-    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-    name: &str,
-) -> Option<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-    if plan.name() == name {
-        return Some(std::sync::Arc::clone(plan));
-    }
-    plan.children().into_iter().find_map(|c| find_node(c, name))
 }
 
 /// The range form (one node in place of the partial and final aggregates) reports the final

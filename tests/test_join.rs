@@ -9,7 +9,7 @@ mod sql_common;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::prelude::SessionConfig;
 use datafusion_mphf::datafusion::MphfContext;
-use sql_common::run;
+use sql_common::{find_node, run};
 
 /// `dim` (8,000 unique ids, one NULL, a string key), `fact` (30,000 rows: repeated ids, NULLs,
 /// ids missing from `dim`), `big` (60,000 rows), indexes on `dim.id`, `dim.name`, `fact.id`.
@@ -409,17 +409,6 @@ async fn planning_on_the_cpu_does_not_start_the_gpu() {
     let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
     assert!(text.contains("cost="), "the rule priced the node:\n{text}");
     assert!(!datafusion_mphf::placement::gpu_started(), "{text}");
-}
-
-/// The first node named `name` in `plan`, depth first.
-fn find_node(
-    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-    name: &str,
-) -> Option<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-    if plan.name() == name {
-        return Some(std::sync::Arc::clone(plan));
-    }
-    plan.children().into_iter().find_map(|c| find_node(c, name))
 }
 
 /// A fused group join reports the statistics of the partial aggregate it replaces (over the

@@ -131,32 +131,37 @@ async fn vanilla_rows(dir: &Path, sql: &str, batch_size: usize, pushdown: bool) 
     sorted_rows(&ctx.sql(sql).await.unwrap().collect().await.unwrap())
 }
 
-/// Sum of metric `name` over the MPHF aggregate nodes of `plan`.
-fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let own = if plan.name().starts_with("MphfAggregateExec") || plan.name().starts_with("MphfMerged") {
-        plan.metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .map_or(0, |v| v.as_usize())
-    } else {
-        0
-    };
-    own + plan.children().into_iter().map(|c| metric_sum(c, name)).sum::<usize>()
-}
-
-/// Sum of metric `name` over the slot scans of `plan`.
-fn scan_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let own = match plan.name() {
-        "SlotScanExec" => plan
+/// Sum of metric `name` over the nodes of `plan` whose name passes `is_node`.
+fn nodes_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str, is_node: fn(&str) -> bool) -> usize {
+    let own = match is_node(plan.name()) {
+        true => plan
             .metrics()
             .and_then(|m| m.sum_by_name(name))
             .map_or(0, |v| v.as_usize()),
-        _ => 0,
+        false => 0,
     };
     own + plan
         .children()
         .into_iter()
-        .map(|c| scan_metric_sum(c, name))
+        .map(|c| nodes_metric_sum(c, name, is_node))
         .sum::<usize>()
+}
+
+/// Sum of metric `name` over the MPHF aggregate nodes of `plan`.
+fn metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    nodes_metric_sum(plan, name, |n| {
+        n.starts_with("MphfAggregateExec") || n.starts_with("MphfMerged")
+    })
+}
+
+/// Sum of metric `name` over the slot scans of `plan`.
+fn scan_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    nodes_metric_sum(plan, name, |n| n == "SlotScanExec")
+}
+
+/// Sum of metric `name` over the MPHF join nodes of `plan`.
+fn join_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    nodes_metric_sum(plan, name, |n| n.starts_with("Mphf") && n.contains("Join"))
 }
 
 /// Runs `sql` in the MPHF session: its sorted rows, its plan, and the rows the aggregate read
@@ -470,22 +475,6 @@ async fn a_slot_scan_reports_its_files_rows() {
         .unwrap();
     assert_eq!(stats.num_rows.get_value(), Some(&((ROWS * FILES) as usize)));
     assert_eq!(stats.column_statistics.len(), scan.schema().fields().len());
-}
-
-/// Sum of metric `name` over the MPHF join nodes of `plan`.
-fn join_metric_sum(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
-    let own = match plan.name().starts_with("Mphf") && plan.name().contains("Join") {
-        true => plan
-            .metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .map_or(0, |v| v.as_usize()),
-        false => 0,
-    };
-    own + plan
-        .children()
-        .into_iter()
-        .map(|c| join_metric_sum(c, name))
-        .sum::<usize>()
 }
 
 /// Joins whose build key is the indexed `id` of the Parquet table read each build row's slot

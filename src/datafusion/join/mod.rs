@@ -29,11 +29,11 @@
 //! - Output batches hold at most `batch_size` rows; build memory is reserved in the pool.
 
 pub mod build;
-mod build_slots;
 mod group_count;
 pub mod group_join;
 pub mod probe;
 pub mod rule;
+mod scan_slots;
 mod translate;
 
 use std::fmt;

@@ -80,9 +80,9 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
-use super::build_slots::with_build_scan_slots;
 use super::group_count;
-use super::translate::{translates_probe, with_probe_scan_slots};
+use super::scan_slots::{with_build_scan_slots, with_probe_scan_slots};
+use super::translate::translates_probe;
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};

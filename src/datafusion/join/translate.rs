@@ -16,22 +16,17 @@
 use std::sync::{Arc, OnceLock};
 
 use ::datafusion::arrow::array::RecordBatch;
-use ::datafusion::common::Result;
 use ::datafusion::execution::memory_pool::MemoryPool;
 use ::datafusion::physical_expr::expressions::{CastExpr, Column};
 use ::datafusion::physical_expr::PhysicalExprRef;
-use ::datafusion::physical_plan::joins::utils::build_join_schema;
 use ::datafusion::physical_plan::joins::HashJoinExec;
 use ::datafusion::physical_plan::metrics::Count;
 use ::datafusion::physical_plan::projection::ProjectionExec;
-use ::datafusion::physical_plan::ExecutionPlan;
 
 use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ColumnIndex;
 use crate::datafusion::registry::{index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::{
-    attach_scan_slots, hands_table_arrays, scan_slots_of, scan_slots_position, KeyColumn, SCAN_SLOTS_COLUMN,
-};
+use crate::datafusion::slot_scan::{hands_table_arrays, scan_slots_of, scan_slots_position};
 
 /// The probe column that carries an index with row slots, and that index.
 pub(crate) struct ProbeIndex {
@@ -81,57 +76,6 @@ pub(crate) fn probe_index(join: &HashJoinExec, key: usize) -> Option<ProbeIndex>
 /// an index with row slots ([`probe_index`]) and the probe side hands it that table's arrays.
 pub(crate) fn translates_probe(join: &HashJoinExec, key: usize) -> bool {
     probe_index(join, key).is_some_and(|p| p.scan_slots.is_some() || hands_table_arrays(join.right(), p.column.index()))
-}
-
-/// `join` with the probe key's slots appended to its probe side by a slot-map scan (see
-/// [`attach_scan_slots`]), when the probe key is an indexed column of a table with slot maps;
-/// the join's projection leaves the slot column out of its output, so its schema is
-/// unchanged. `None` otherwise.
-pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<Option<HashJoinExec>> {
-    let Some(col) = join.on().get(key).and_then(|(_, r)| r.downcast_ref::<Column>()) else {
-        return Ok(None);
-    };
-    let Some(index) = join
-        .right()
-        .schema()
-        .fields()
-        .get(col.index())
-        .and_then(|f| index_of_field(f))
-    else {
-        return Ok(None);
-    };
-    if index.slot_maps().is_none()
-        || index.index().keys().data_type() != join.right().schema().field(col.index()).data_type()
-    {
-        return Ok(None);
-    }
-    let Some((right, _)) = attach_scan_slots(join.right(), col.index(), &index, KeyColumn::Read)? else {
-        return Ok(None);
-    };
-    let left = Arc::clone(join.left());
-    let (full, _) = build_join_schema(&left.schema(), &right.schema(), join.join_type());
-    let wanted: Vec<usize> = match join.projection.as_deref() {
-        Some(p) => p.to_vec(),
-        None => (0..build_join_schema(&left.schema(), &join.right().schema(), join.join_type())
-            .0
-            .fields()
-            .len())
-            .collect(),
-    };
-    let projection = match full.fields().iter().position(|f| f.name() == SCAN_SLOTS_COLUMN) {
-        Some(at) => wanted.into_iter().map(|i| if i >= at { i + 1 } else { i }).collect(),
-        None => wanted,
-    };
-    let rebuilt = join
-        .builder()
-        .with_new_children(vec![left, right])?
-        .with_projection(Some(projection))
-        .recompute_properties()
-        .build()?;
-    if rebuilt.schema().fields().len() != join.schema().fields().len() {
-        return Ok(None);
-    }
-    Ok(Some(rebuilt))
 }
 
 /// The translation state of one join node: the translation kept with the build index, looked
