@@ -6,6 +6,7 @@
 //! (thiserror); `anyhow` appears only in `src/bin/mphf.rs`.
 
 pub mod bench_build;
+pub mod bench_planning;
 pub mod bench_slots;
 pub mod bench_sparse;
 pub mod build;
@@ -79,6 +80,9 @@ pub enum BenchCommand {
     /// GROUP BY / JOIN / DISTINCT on sparse, unclustered keys (random ids, UUID-like strings),
     /// in memory and over Parquet, with and without MPHF: median times and ratios.
     Sparse(bench_sparse::BenchSparseArgs),
+    /// What the MPHF rules add to planning: TPC-H Q1–Q22 planned in a vanilla and an MPHF
+    /// session of one process, median times and their difference.
+    Planning(bench_planning::BenchPlanningArgs),
 }
 
 /// Runs a parsed command line.
@@ -99,6 +103,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Groupby(args)) => block_on(demo::run(args, demo::Suite::GroupBy)),
         Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),
         Command::Bench(BenchCommand::Sparse(args)) => block_on(bench_sparse::run(args)),
+        Command::Bench(BenchCommand::Planning(args)) => block_on(bench_planning::run(args)),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())

@@ -411,11 +411,18 @@ impl SlotScanExec {
                 let Some(exec) = file_exec(file, &source, out.fields().len()) else {
                     return Ok(None);
                 };
-                let path = std::path::Path::new("/")
-                    .join(file.object_meta.location.as_ref())
-                    .canonicalize()
-                    .ok();
-                let slots = path.as_ref().and_then(|p| maps.file(p)).cloned();
+                // Slot maps are keyed by canonical paths. A location found as it is is the path
+                // a map was made for: no system calls here (the file's stamp is compared with
+                // the map's when the scan opens it, as for every file).
+                let named = std::path::Path::new("/").join(file.object_meta.location.as_ref());
+                let (path, slots) = match maps.file(&named) {
+                    Some(slots) => (Some(named), Some(Arc::clone(slots))),
+                    None => {
+                        let path = named.canonicalize().ok();
+                        let slots = path.as_ref().and_then(|p| maps.file(p)).cloned();
+                        (path, slots)
+                    }
+                };
                 let without_key = match (&keyless_source, &slots) {
                     (Some(source), Some(_)) => file_exec(file, source, out.fields().len() - 1),
                     _ => None,

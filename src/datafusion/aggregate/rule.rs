@@ -81,7 +81,6 @@ use ::datafusion::common::Result;
 use ::datafusion::physical_expr::expressions::{Column, Literal};
 use ::datafusion::physical_expr::utils::collect_columns;
 use ::datafusion::physical_expr::PhysicalExpr;
-use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -95,6 +94,7 @@ use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup};
+use crate::datafusion::plan::sanity::rewrite_is_sane;
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, KeyColumn};
@@ -587,7 +587,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         // The merged form is not hash partitioned on the key; keep it only when no node above
         // relies on that (DataFusion's own sanity check of distributions and orderings). The
         // per-partition form keeps every property of the node it replaces: no check needed.
-        if !merged_any || SanityCheckPlan::new().optimize(Arc::clone(&merged), config).is_ok() {
+        if !merged_any || rewrite_is_sane(&plan, &merged, config) {
             return Ok(merged);
         }
         Ok(rewrite(Arc::clone(&plan), false, &costing)?.0)

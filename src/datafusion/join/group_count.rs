@@ -19,12 +19,13 @@
 //! estimate unknown, and the caller keeps the repartition (the choice before this estimate
 //! existed). A wrong estimate costs time, never a result: both plans give the same rows.
 
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use ::datafusion::arrow::array::ArrayRef;
-use ::datafusion::arrow::row::{RowConverter, SortField};
+use ::datafusion::common::hash_utils::{create_hashes, HLL_RANDOM_STATE};
 use ::datafusion::common::JoinType;
 use ::datafusion::datasource::memory::MemorySourceConfig;
 use ::datafusion::datasource::physical_plan::FileScanConfig;
@@ -71,10 +72,79 @@ fn column_distinct(plan: &Arc<dyn ExecutionPlan>, col: usize) -> Option<f64> {
         return Some(handle.index().len() as f64 + 1.0);
     }
     let (leaf, leaf_col) = scan_column(plan, col)?;
-    let sample = sample_of(&leaf, leaf_col)?;
-    let distinct = distinct_count(&sample)?;
-    let rows = sample.iter().map(|a| a.len()).sum::<usize>();
+    let (distinct, rows) = match file_sample_key(&leaf, leaf_col) {
+        Some(key) => {
+            if let Some(&counted) = lock_file_samples().get(&key) {
+                counted
+            } else {
+                let counted = sampled_distinct(&leaf, leaf_col);
+                let mut samples = lock_file_samples();
+                if samples.len() >= FILE_SAMPLES_KEPT {
+                    samples.clear();
+                }
+                samples.insert(key, counted);
+                counted
+            }
+        }
+        None => sampled_distinct(&leaf, leaf_col),
+    }?;
     (rows > 0 && distinct * REPEATS <= rows).then(|| (2 * distinct).max(1) as f64)
+}
+
+/// Distinct values and rows of the sample of column `col` of the scan `leaf`.
+fn sampled_distinct(leaf: &Arc<dyn ExecutionPlan>, col: usize) -> Option<(usize, usize)> {
+    let sample = sample_of(leaf, col)?;
+    let distinct = distinct_count(&sample)?;
+    Some((distinct, sample.iter().map(|a| a.len()).sum()))
+}
+
+/// What [`sampled_distinct`] found for columns of file scans, by [`file_sample_key`].
+///
+/// Why: a file scan's sample is read from its files, and planning a query asks again each
+/// time. The key names each file with its size and modification time; a file rewritten with
+/// the same three keeps its old estimate, which changes the costing, never a result.
+static FILE_SAMPLES: LazyLock<Mutex<FileSamples>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Distinct values and rows of a sample (`None`: none could be read), by [`file_sample_key`].
+type FileSamples = HashMap<String, Option<(usize, usize)>>;
+
+/// Entries [`FILE_SAMPLES`] holds before it starts again empty.
+const FILE_SAMPLES_KEPT: usize = 256;
+
+/// [`FILE_SAMPLES`], locked (a panic while it was held left a map that is still whole).
+fn lock_file_samples() -> MutexGuard<'static, FileSamples> {
+    FILE_SAMPLES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The [`FILE_SAMPLES`] key of column `col` of `leaf` when it is a file scan: its files'
+/// locations, sizes and modification times, and the column's name.
+fn file_sample_key(leaf: &Arc<dyn ExecutionPlan>, col: usize) -> Option<String> {
+    let files = leaf
+        .downcast_ref::<DataSourceExec>()?
+        .data_source()
+        .downcast_ref::<FileScanConfig>()?;
+    let mut names: Vec<String> = files
+        .file_groups
+        .iter()
+        .flat_map(|g| g.files())
+        .map(|f| {
+            let meta = &f.object_meta;
+            format!(
+                "{}|{}|{}",
+                meta.location,
+                meta.size,
+                meta.last_modified.timestamp_micros()
+            )
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let column = leaf.schema().fields().get(col)?.name().clone();
+    Some(format!(
+        "{}#{}#{column}",
+        files.object_store_url.as_str(),
+        names.join("\n")
+    ))
 }
 
 /// The scan (a `DataSourceExec`) and its column that column `col` of `plan` reads, through
@@ -140,12 +210,40 @@ fn memory_sample(memory: &MemorySourceConfig, col: usize) -> Option<Vec<ArrayRef
     pieces.iter().map(|b| b.columns().get(col).cloned()).collect()
 }
 
-/// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
-pub(super) fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-    let stats = StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()?;
-    stats.num_rows.get_value().map(|&r| r as f64)
+/// DataFusion's row estimates of the nodes of one optimizer pass, memoized.
+///
+/// Why: DataFusion's statistics of an in-memory scan walk every column of every batch (a few
+/// tenths of a millisecond for lineitem at SF 1), and the join rule asks about the same inputs
+/// once per form, per rewrite and per aggregate above. One `StatisticsContext` caches every
+/// node it has walked by address; the nodes asked about are held here, so no node it walked is
+/// freed, and no address reused, while the cache lives. A stale estimate could only change the
+/// costing, never a result.
+pub(crate) struct PlanRows {
+    stats: StatisticsContext,
+    held: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
+}
+
+impl PlanRows {
+    /// Empty caches.
+    pub(crate) fn new() -> Self {
+        Self {
+            stats: StatisticsContext::new(),
+            held: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
+    pub(crate) fn rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+        self.held.borrow_mut().push(Arc::clone(plan));
+        let stats = self.stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
+        stats.num_rows.get_value().map(|&r| r as f64)
+    }
+}
+
+impl std::fmt::Debug for PlanRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PlanRows({} plans held)", self.held.borrow().len())
+    }
 }
 
 /// Pieces of column `name` read from row groups spread over a local Parquet table's files.
@@ -187,16 +285,16 @@ fn parquet_sample(files: &FileScanConfig, name: &str) -> Option<Vec<ArrayRef>> {
     Some(pieces)
 }
 
-/// Distinct values (NULL counted as one) in `pieces`.
+/// Distinct values (NULL counted as one) in `pieces`, by their 64-bit hashes: a collision
+/// among a few thousand sampled values is rare enough not to move the estimate.
 fn distinct_count(pieces: &[ArrayRef]) -> Option<usize> {
-    let first = pieces.first()?;
-    let converter = RowConverter::new(vec![SortField::new(first.data_type().clone())]).ok()?;
     let mut seen = HashSet::new();
+    let mut hashes = Vec::new();
     for piece in pieces {
-        let rows = converter.convert_columns(std::slice::from_ref(piece)).ok()?;
-        for row in rows.iter() {
-            seen.insert(row.as_ref().to_vec());
-        }
+        hashes.clear();
+        hashes.resize(piece.len(), 0);
+        create_hashes([piece], &HLL_RANDOM_STATE, &mut hashes).ok()?;
+        seen.extend(hashes.iter().copied());
     }
     Some(seen.len())
 }
@@ -240,6 +338,18 @@ mod tests {
         // Just above the trusted limit: 2048 distinct per 8192 sampled rows is 4 repeats.
         assert!(column_distinct(&scan(100_000, 2048), 0).is_some());
         assert_eq!(column_distinct(&scan(100_000, 2049), 0), None);
+    }
+
+    #[test]
+    fn plan_rows_holds_every_plan_it_estimated() {
+        let estimates = PlanRows::new();
+        let leaf = scan(12_345, 7);
+        assert_eq!(estimates.rows(&leaf), Some(12_345.0));
+        // Held: the address its statistics are cached by cannot be freed and reused.
+        assert_eq!(Arc::strong_count(&leaf), 2);
+        assert_eq!(estimates.rows(&leaf), Some(12_345.0));
+        let other = scan(500, 7);
+        assert_eq!(estimates.rows(&other), Some(500.0));
     }
 
     #[test]

@@ -61,7 +61,7 @@ use ::datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::build::BuildSide;
-use super::group_count::estimated_rows;
+use super::group_count::PlanRows;
 use super::probe::Prober;
 use super::MphfJoinExec;
 use crate::datafusion::aggregate::groups_accumulator;
@@ -174,11 +174,12 @@ fn remap(
 
 impl MphfGroupJoinExec {
     /// The fused node for the partial aggregate `agg` when it reads an eligible
-    /// [`MphfJoinExec`] (see the module docs), `None` otherwise.
+    /// [`MphfJoinExec`] (see the module docs), `None` otherwise. `estimates` are the row
+    /// estimates of the optimizer pass asking.
     ///
     /// # Errors
     /// Expression rewriting errors.
-    pub fn try_fuse(agg: &Arc<AggregateExec>) -> Result<Option<Self>> {
+    pub(crate) fn try_fuse(agg: &Arc<AggregateExec>, estimates: &PlanRows) -> Result<Option<Self>> {
         let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
             return Ok(None);
         };
@@ -199,7 +200,7 @@ impl MphfGroupJoinExec {
         // The build rows' groups are found on one thread while the probe partitions wait: that
         // pass pays when it is no longer than one partition's share of the probe rows.
         let partitions = hash_join.right().output_partitioning().partition_count().max(1) as f64;
-        if let (Some(build), Some(probe)) = (estimated_rows(hash_join.left()), estimated_rows(hash_join.right())) {
+        if let (Some(build), Some(probe)) = (estimates.rows(hash_join.left()), estimates.rows(hash_join.right())) {
             if build * partitions > probe {
                 return Ok(None);
             }
@@ -462,7 +463,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
         };
         // New children the group join does not take (other estimates) keep the plain aggregate
         // over the join: the same rows.
-        Ok(match Self::try_fuse(&Arc::new(agg.clone()))? {
+        Ok(match Self::try_fuse(&Arc::new(agg.clone()), &PlanRows::new())? {
             Some(fused) => Arc::new(fused),
             None => plan,
         })

@@ -58,6 +58,7 @@
 //!   read once while every probe partition waits, where DataFusion's per-partition builds run
 //!   at once, and an unclustered probe key reads one shared table at scattered places.
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 use ::datafusion::common::config::ConfigOptions;
@@ -65,7 +66,6 @@ use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::{JoinType, NullEquality, Result};
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::Partitioning;
-use ::datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -80,12 +80,13 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
-use super::group_count;
+use super::group_count::{self, PlanRows};
 use super::scan_slots::{with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
+use crate::datafusion::plan::sanity::rewrite_is_sane;
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{hands_table_arrays, scan_slots_position};
@@ -119,6 +120,8 @@ pub(crate) struct Costing {
     model: CostModel,
     /// `Tuning::compare_costs`: decline a form estimated above DataFusion's hash join.
     compare_costs: bool,
+    /// Row estimates, memoized for the pass that made this costing.
+    rows: Rc<PlanRows>,
 }
 
 impl Costing {
@@ -134,6 +137,7 @@ impl Costing {
             array_map_density: config.execution.perfect_hash_join_min_key_density,
             model: t.costs.clone(),
             compare_costs: t.compare_costs,
+            rows: Rc::new(PlanRows::new()),
         }
     }
 
@@ -323,17 +327,18 @@ fn estimate_of(
     vanilla: &HashJoinExec,
     handle: &IndexHandle,
     key: usize,
-    model: &CostModel,
+    costing: &Costing,
 ) -> Estimate {
+    let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
-    let build_rows = group_count::estimated_rows(join.left()).unwrap_or(table_rows);
+    let build_rows = costing.rows.rows(join.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
     let shape = JoinShape {
         build_rows,
-        probe_rows: group_count::estimated_rows(join.right()).unwrap_or(build_rows),
+        probe_rows: costing.rows.rows(join.right()).unwrap_or(build_rows),
         threads: join.right().output_partitioning().partition_count().max(1),
         key: match handle.index().key_type().width() {
             Some(_) => KeyKind::Fixed,
@@ -407,7 +412,7 @@ pub(crate) fn candidates(
         Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
     };
     let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
-        let estimate = estimate_of(&join, vanilla, &handle, key, &costing.model);
+        let estimate = estimate_of(&join, vanilla, &handle, key, costing);
         (join, estimate)
     };
     let one = slotted(join.builder().build()?)?;
@@ -472,7 +477,7 @@ pub(crate) fn candidates(
     let collect = affordable(collect, "collect form");
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, &costing.model));
+            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, costing));
             reasons.dedup();
             Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
         }
@@ -511,7 +516,7 @@ pub(crate) fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
 /// The swapped collect form of `join` when its probe (right) side holds the indexed key, with
 /// the projection that restores `join`'s column order.
 fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    if indexed_key(join).is_some() || !swappable(join, costing) {
+    if indexed_key(join).is_some() || !swappable(join, costing) || !probe_key_indexed(join) {
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
@@ -613,7 +618,7 @@ fn rewrite_feeding(
         return Ok(None);
     };
     if *join.partition_mode() != PartitionMode::Partitioned
-        || (!single && (groups_by_clustered_probe_key(agg, join, costing) || few_groups(agg, join)))
+        || (!single && (groups_by_clustered_probe_key(agg, join, costing) || few_groups(agg, join, &costing.rows)))
     {
         return Ok(None);
     }
@@ -627,13 +632,13 @@ fn rewrite_feeding(
 /// partitions together emit at most 1/[`FEW_GROUPS_PER_PROBE_ROW`] as many partial rows as the
 /// join's probe side has rows: then the probe side's hash repartition moves every probe row to
 /// save the final aggregate next to nothing.
-fn few_groups(agg: &AggregateExec, join: &HashJoinExec) -> bool {
+fn few_groups(agg: &AggregateExec, join: &HashJoinExec, estimates: &PlanRows) -> bool {
     let Some(groups) = group_count::estimated_groups(agg) else {
         return false;
     };
     let probe = join.right();
     let partitions = probe.output_partitioning().partition_count().max(1) as f64;
-    let Some(rows) = group_count::estimated_rows(probe) else {
+    let Some(rows) = estimates.rows(probe) else {
         return false;
     };
     partitions * groups * FEW_GROUPS_PER_PROBE_ROW <= rows
@@ -645,12 +650,12 @@ const FEW_GROUPS_PER_PROBE_ROW: f64 = 8.0;
 /// `plan` with each partial aggregate that reads an [`MphfJoinExec`] and groups by build-side
 /// columns fused with it (see [`MphfGroupJoinExec`]). The fused node keeps the aggregate's
 /// schema, partitioning and the join's input requirements, so the plan stays valid.
-fn fuse_group_joins(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+fn fuse_group_joins(plan: Arc<dyn ExecutionPlan>, estimates: &PlanRows) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(agg) = node.downcast_ref::<AggregateExec>() else {
             return Ok(Transformed::no(node));
         };
-        Ok(match MphfGroupJoinExec::try_fuse(&Arc::new(agg.clone()))? {
+        Ok(match MphfGroupJoinExec::try_fuse(&Arc::new(agg.clone()), estimates)? {
             Some(fused) => Transformed::yes(Arc::new(fused) as Arc<dyn ExecutionPlan>),
             None => Transformed::no(node),
         })
@@ -701,11 +706,11 @@ impl PhysicalOptimizerRule for MphfJoinRule {
         };
         let costing = Costing::of(&t, config);
         let collected = rewrite(Arc::clone(&plan), true, &costing)?;
-        let joined = match SanityCheckPlan::new().optimize(Arc::clone(&collected), config).is_ok() {
+        let joined = match rewrite_is_sane(&plan, &collected, config) {
             true => collected,
             false => rewrite(plan, false, &costing)?,
         };
-        fuse_group_joins(joined)
+        fuse_group_joins(joined, &costing.rows)
     }
 
     fn name(&self) -> &str {

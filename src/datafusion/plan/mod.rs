@@ -8,6 +8,7 @@
 //! its rule decided with.
 
 pub mod cost;
+pub mod sanity;
 pub mod tuning;
 
 use ::datafusion::common::config::ConfigOptions;

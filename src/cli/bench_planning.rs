@@ -1,0 +1,136 @@
+//! `mphf bench planning`: what the MPHF rules add to planning. TPC-H Q1–Q22 (the queries of
+//! `sql-tests/tpch_queries.slt`) over in-memory tables, planned from SQL to a physical plan in a
+//! vanilla session and in an MPHF session with an index on every key column, in one process.
+//!
+//! Planning takes a few milliseconds and the difference sought is a fraction of one, so each
+//! query is planned many times, the two sessions alternating (and alternating which goes first)
+//! so that drift in the machine's speed falls on both; the table gives each side's median and
+//! their difference. The summary line gives the median and the largest difference over the 22
+//! queries.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ::datafusion::datasource::MemTable;
+use ::datafusion::physical_plan::{displayable, ExecutionPlan};
+use ::datafusion::prelude::{SessionConfig, SessionContext};
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::difftest::tpch_suite;
+use crate::datafusion::tpch::{generate, TABLES};
+use crate::datafusion::MphfContext;
+
+/// Arguments of `mphf bench planning`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchPlanningArgs {
+    /// TPC-H scale factor of the in-memory data.
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Target partitions of both sessions (default: available cores).
+    #[arg(long)]
+    pub partitions: Option<usize>,
+    /// Plans per query and session (the median is reported).
+    #[arg(long, default_value_t = 41)]
+    pub runs: usize,
+    /// Print the result table as Markdown (for benches/RESULTS.md).
+    #[arg(long)]
+    pub markdown: bool,
+    /// `KEY=VALUE`: a session setting set in the MPHF session before planning (repeatable),
+    /// e.g. `--set mphf.enable_join=false`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+}
+
+/// The median of `times` (sorted in place).
+fn median(times: &mut [f64]) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// How many MPHF nodes and declined candidates the plan `plan` holds.
+fn mphf_nodes(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
+    let text = displayable(plan.as_ref()).indent(false).to_string();
+    let declined = text.matches("MphfDeclined:").count();
+    let all = text.lines().filter(|l| l.trim_start().starts_with("Mphf")).count();
+    let relabels = text.matches("MphfRelabel").count();
+    (all - declined - relabels, declined)
+}
+
+/// Runs `mphf bench planning`.
+///
+/// # Errors
+/// Generation, index and planning errors; a bad `--set`.
+pub async fn run(args: BenchPlanningArgs) -> Result<()> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let parts = args
+        .partitions
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let config = SessionConfig::new().with_target_partitions(parts);
+    let mphf = MphfContext::with_config(config.clone());
+    let vanilla = SessionContext::new_with_config(config);
+    eprintln!("generating TPC-H SF {} in memory ({parts} partitions)...", args.scale);
+    for table in TABLES {
+        let (schema, batches) = generate(table, args.scale, parts, &|_| {})?;
+        let mem = Arc::new(MemTable::try_new(schema, batches)?);
+        mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
+        vanilla.register_table(table, mem)?;
+    }
+    let (create, queries) = tpch_suite();
+    for statement in &create {
+        mphf.sql(statement).await?;
+    }
+    for setting in &args.set {
+        let Some((key, value)) = setting.split_once('=') else {
+            bail!("--set takes KEY=VALUE, got {setting:?}");
+        };
+        mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
+        eprintln!("SET {} = {}", key.trim(), value.trim());
+    }
+    let sep = if args.markdown { "|" } else { "" };
+    if args.markdown {
+        println!("| query | vanilla ms | mphf ms | added ms | MPHF nodes | declined |\n|---|---|---|---|---|---|");
+    } else {
+        println!(
+            "{:<6} {:>11} {:>9} {:>9} {:>11} {:>9}",
+            "query", "vanilla ms", "mphf ms", "added ms", "MPHF nodes", "declined"
+        );
+    }
+    let mut added = Vec::new();
+    for (i, query) in queries.iter().enumerate() {
+        let label = format!("Q{}", i + 1);
+        // One plan each first: caches (statistics, catalog lookups) warm on both sides.
+        vanilla.sql(&query.sql).await?.create_physical_plan().await?;
+        let plan = mphf.sql(&query.sql).await?.create_physical_plan().await?;
+        let (nodes, declined) = mphf_nodes(&plan);
+        let mut times = [Vec::new(), Vec::new()];
+        for run in 0..args.runs {
+            for side in [run % 2, 1 - run % 2] {
+                let t = Instant::now();
+                match side {
+                    0 => drop(vanilla.sql(&query.sql).await?.create_physical_plan().await?),
+                    _ => drop(mphf.sql(&query.sql).await?.create_physical_plan().await?),
+                }
+                times[side].push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let [mut tv, mut tm] = times;
+        let (tv, tm) = (median(&mut tv), median(&mut tm));
+        added.push(tm - tv);
+        println!(
+            "{sep}{label:<6}{sep} {tv:>11.3}{sep} {tm:>9.3}{sep} {:>9.3}{sep} {nodes:>11}{sep} {declined:>9}{sep}",
+            tm - tv
+        );
+    }
+    let max = added.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "planning added by the MPHF session over {} queries (SF {}, {parts} partitions, median of {} plans each): median {:.3} ms, largest {max:.3} ms",
+        added.len(),
+        args.scale,
+        args.runs,
+        median(&mut added)
+    );
+    Ok(())
+}
