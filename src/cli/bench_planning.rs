@@ -11,15 +11,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ::datafusion::datasource::MemTable;
 use ::datafusion::physical_plan::{displayable, ExecutionPlan};
-use ::datafusion::prelude::{SessionConfig, SessionContext};
 use anyhow::{bail, Result};
 use clap::Args;
 
+use super::demo::{apply_settings, tpch_sessions};
 use super::difftest::tpch_suite;
-use crate::datafusion::tpch::{generate, TABLES};
-use crate::datafusion::MphfContext;
+use crate::datafusion::tpch::TABLES;
 
 /// Arguments of `mphf bench planning`.
 #[derive(Args, Debug, Clone)]
@@ -65,30 +63,12 @@ pub async fn run(args: BenchPlanningArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let parts = args
-        .partitions
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let config = SessionConfig::new().with_target_partitions(parts);
-    let mphf = MphfContext::with_config(config.clone());
-    let vanilla = SessionContext::new_with_config(config);
-    eprintln!("generating TPC-H SF {} in memory ({parts} partitions)...", args.scale);
-    for table in TABLES {
-        let (schema, batches) = generate(table, args.scale, parts, &|_| {})?;
-        let mem = Arc::new(MemTable::try_new(schema, batches)?);
-        mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
-        vanilla.register_table(table, mem)?;
-    }
+    let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &TABLES)?;
     let (create, queries) = tpch_suite();
     for statement in &create {
         mphf.sql(statement).await?;
     }
-    for setting in &args.set {
-        let Some((key, value)) = setting.split_once('=') else {
-            bail!("--set takes KEY=VALUE, got {setting:?}");
-        };
-        mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
-        eprintln!("SET {} = {}", key.trim(), value.trim());
-    }
+    apply_settings(&mphf, &args.set).await?;
     let sep = if args.markdown { "|" } else { "" };
     if args.markdown {
         println!("| query | vanilla ms | mphf ms | added ms | MPHF nodes | declined |\n|---|---|---|---|---|---|");

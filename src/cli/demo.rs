@@ -283,6 +283,46 @@ pub(super) fn purge_freed_memory_at_once() {
     unsafe { libmimalloc_sys::mi_option_set(purge_delay, 0) };
 }
 
+/// An MPHF session and a vanilla session with `partitions` target partitions (default: the
+/// available cores; returned third), both reading the same in-memory TPC-H `tables` at scale
+/// `scale`.
+///
+/// # Errors
+/// Generation and registration errors.
+pub(super) fn tpch_sessions(
+    scale: f64,
+    partitions: Option<usize>,
+    tables: &[&str],
+) -> Result<(MphfContext, SessionContext, usize)> {
+    let parts = partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let config = SessionConfig::new().with_target_partitions(parts);
+    let mphf = MphfContext::with_config(config.clone());
+    let vanilla = SessionContext::new_with_config(config);
+    eprintln!("generating TPC-H SF {scale} in memory ({parts} partitions)...");
+    for &table in tables {
+        let (schema, batches) = generate(table, scale, parts, &|_| {})?;
+        let mem = Arc::new(MemTable::try_new(schema, batches)?);
+        mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
+        vanilla.register_table(table, mem)?;
+    }
+    Ok((mphf, vanilla, parts))
+}
+
+/// Runs `SET KEY = VALUE` in `mphf` for each `KEY=VALUE` of `settings` (`--set`).
+///
+/// # Errors
+/// A setting without `=`; an unknown setting or a bad value.
+pub(super) async fn apply_settings(mphf: &MphfContext, settings: &[String]) -> Result<()> {
+    for setting in settings {
+        let Some((key, value)) = setting.split_once('=') else {
+            bail!("--set takes KEY=VALUE, got {setting:?}");
+        };
+        mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
+        eprintln!("SET {} = {}", key.trim(), value.trim());
+    }
+    Ok(())
+}
+
 /// Runs `mphf demo` / `mphf bench groupby` / `mphf bench join`.
 ///
 /// # Errors
@@ -291,21 +331,8 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
     if args.scale >= LARGE_SCALE {
         purge_freed_memory_at_once();
     }
-    let parts = args
-        .partitions
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let config = SessionConfig::new().with_target_partitions(parts);
-    let mphf = MphfContext::with_config(config.clone());
-    let vanilla = SessionContext::new_with_config(config);
-
-    eprintln!("generating TPC-H SF {} in memory ({parts} partitions)...", args.scale);
     let t = Instant::now();
-    for table in ["customer", "orders", "lineitem"] {
-        let (schema, batches) = generate(table, args.scale, parts, &|_| {})?;
-        let mem = Arc::new(MemTable::try_new(schema, batches)?);
-        mphf.ctx().register_table(table, Arc::clone(&mem) as _)?;
-        vanilla.register_table(table, mem)?;
-    }
+    let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &["customer", "orders", "lineitem"])?;
     // A string join key: each order with its customer's name (same data in both sessions).
     let by_name = "CREATE TABLE orders_by_name AS SELECT o_orderkey, o_totalprice, \
                    'Customer#' || lpad(CAST(o_custkey AS VARCHAR), 9, '0') AS o_cname FROM orders";
@@ -331,13 +358,7 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             t.elapsed().as_secs_f64() * 1e3
         );
     }
-    for setting in &args.set {
-        let Some((key, value)) = setting.split_once('=') else {
-            bail!("--set takes KEY=VALUE, got {setting:?}");
-        };
-        mphf.sql(&format!("SET {} = {}", key.trim(), value.trim())).await?;
-        eprintln!("SET {} = {}", key.trim(), value.trim());
-    }
+    apply_settings(&mphf, &args.set).await?;
     if let Some(path) = &args.costs {
         mphf.load_costs(path)?;
         eprintln!("cost constants from {}", path.display());
