@@ -66,6 +66,21 @@ pub(crate) struct RowEstimator {
     stats: StatisticsContext,
     /// [`RowEstimator::rows`] per node address.
     memo: RefCell<HashMap<usize, Option<f64>>>,
+    /// Every plan whose DataFusion statistics were asked: `stats` caches by node address, and
+    /// a held node is never freed, so no address is reused while the estimator lives, whatever
+    /// the pass builds and drops meanwhile (the join rule's candidate forms).
+    held: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
+}
+
+impl std::fmt::Debug for RowEstimator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RowEstimator({} estimates, {} plans held)",
+            self.memo.borrow().len(),
+            self.held.borrow().len()
+        )
+    }
 }
 
 impl RowEstimator {
@@ -74,6 +89,7 @@ impl RowEstimator {
         Self {
             stats: StatisticsContext::new(),
             memo: RefCell::new(HashMap::new()),
+            held: RefCell::new(Vec::new()),
         }
     }
 
@@ -128,8 +144,9 @@ impl RowEstimator {
         own
     }
 
-    /// DataFusion's row-count estimate of `plan` (exact or inexact).
-    fn datafusion_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+    /// DataFusion's row-count estimate of `plan` (exact or inexact), memoized.
+    pub(crate) fn datafusion_rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+        self.held.borrow_mut().push(Arc::clone(plan));
         let stats = self.stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
         stats.num_rows.get_value().map(|&r| r as f64)
     }

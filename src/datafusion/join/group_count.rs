@@ -19,7 +19,6 @@
 //! estimate unknown, and the caller keeps the repartition (the choice before this estimate
 //! existed). A wrong estimate costs time, never a result: both plans give the same rows.
 
-use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
@@ -35,7 +34,6 @@ use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::filter::FilterExec;
 use ::datafusion::physical_plan::joins::HashJoinExec;
 use ::datafusion::physical_plan::projection::ProjectionExec;
-use ::datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use ::datafusion::physical_plan::ExecutionPlan;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -210,42 +208,6 @@ fn memory_sample(memory: &MemorySourceConfig, col: usize) -> Option<Vec<ArrayRef
     pieces.iter().map(|b| b.columns().get(col).cloned()).collect()
 }
 
-/// DataFusion's row estimates of the nodes of one optimizer pass, memoized.
-///
-/// Why: DataFusion's statistics of an in-memory scan walk every column of every batch (a few
-/// tenths of a millisecond for lineitem at SF 1), and the join rule asks about the same inputs
-/// once per form, per rewrite and per aggregate above. One `StatisticsContext` caches every
-/// node it has walked by address; the nodes asked about are held here, so no node it walked is
-/// freed, and no address reused, while the cache lives. A stale estimate could only change the
-/// costing, never a result.
-pub(crate) struct PlanRows {
-    stats: StatisticsContext,
-    held: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
-}
-
-impl PlanRows {
-    /// Empty caches.
-    pub(crate) fn new() -> Self {
-        Self {
-            stats: StatisticsContext::new(),
-            held: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// Estimated rows of `plan` (DataFusion's statistics), `None` when unknown.
-    pub(crate) fn rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-        self.held.borrow_mut().push(Arc::clone(plan));
-        let stats = self.stats.compute(plan.as_ref(), &StatisticsArgs::new()).ok()?;
-        stats.num_rows.get_value().map(|&r| r as f64)
-    }
-}
-
-impl std::fmt::Debug for PlanRows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PlanRows({} plans held)", self.held.borrow().len())
-    }
-}
-
 /// Pieces of column `name` read from row groups spread over a local Parquet table's files.
 fn parquet_sample(files: &FileScanConfig, name: &str) -> Option<Vec<ArrayRef>> {
     if files.object_store_url.as_str() != "file:///" {
@@ -302,6 +264,7 @@ fn distinct_count(pieces: &[ArrayRef]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datafusion::aggregate::RowEstimator;
     use ::datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
     use ::datafusion::arrow::datatypes::{DataType, Field, Schema};
     use ::datafusion::physical_plan::projection::ProjectionExpr;
@@ -341,15 +304,15 @@ mod tests {
     }
 
     #[test]
-    fn plan_rows_holds_every_plan_it_estimated() {
-        let estimates = PlanRows::new();
+    fn the_estimator_holds_every_plan_it_asked_datafusion_about() {
+        let estimates = RowEstimator::new();
         let leaf = scan(12_345, 7);
-        assert_eq!(estimates.rows(&leaf), Some(12_345.0));
+        assert_eq!(estimates.datafusion_rows(&leaf), Some(12_345.0));
         // Held: the address its statistics are cached by cannot be freed and reused.
         assert_eq!(Arc::strong_count(&leaf), 2);
-        assert_eq!(estimates.rows(&leaf), Some(12_345.0));
+        assert_eq!(estimates.datafusion_rows(&leaf), Some(12_345.0));
         let other = scan(500, 7);
-        assert_eq!(estimates.rows(&other), Some(500.0));
+        assert_eq!(estimates.datafusion_rows(&other), Some(500.0));
     }
 
     #[test]

@@ -61,10 +61,9 @@ use ::datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use super::build::BuildSide;
-use super::group_count::PlanRows;
 use super::probe::Prober;
 use super::MphfJoinExec;
-use crate::datafusion::aggregate::groups_accumulator;
+use crate::datafusion::aggregate::{groups_accumulator, RowEstimator};
 
 /// The group of every build row of one build side, and the groups' values.
 pub struct BuildGroups {
@@ -179,7 +178,7 @@ impl MphfGroupJoinExec {
     ///
     /// # Errors
     /// Expression rewriting errors.
-    pub(crate) fn try_fuse(agg: &Arc<AggregateExec>, estimates: &PlanRows) -> Result<Option<Self>> {
+    pub(crate) fn try_fuse(agg: &Arc<AggregateExec>, estimates: &RowEstimator) -> Result<Option<Self>> {
         let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
             return Ok(None);
         };
@@ -200,7 +199,10 @@ impl MphfGroupJoinExec {
         // The build rows' groups are found on one thread while the probe partitions wait: that
         // pass pays when it is no longer than one partition's share of the probe rows.
         let partitions = hash_join.right().output_partitioning().partition_count().max(1) as f64;
-        if let (Some(build), Some(probe)) = (estimates.rows(hash_join.left()), estimates.rows(hash_join.right())) {
+        if let (Some(build), Some(probe)) = (
+            estimates.datafusion_rows(hash_join.left()),
+            estimates.datafusion_rows(hash_join.right()),
+        ) {
             if build * partitions > probe {
                 return Ok(None);
             }
@@ -463,7 +465,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
         };
         // New children the group join does not take (other estimates) keep the plain aggregate
         // over the join: the same rows.
-        Ok(match Self::try_fuse(&Arc::new(agg.clone()), &PlanRows::new())? {
+        Ok(match Self::try_fuse(&Arc::new(agg.clone()), &RowEstimator::new())? {
             Some(fused) => Arc::new(fused),
             None => plan,
         })

@@ -80,10 +80,11 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
-use super::group_count::{self, PlanRows};
+use super::group_count;
 use super::scan_slots::{with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
+use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
@@ -120,8 +121,8 @@ pub(crate) struct Costing {
     model: CostModel,
     /// `Tuning::compare_costs`: decline a form estimated above DataFusion's hash join.
     compare_costs: bool,
-    /// Row estimates, memoized for the pass that made this costing.
-    rows: Rc<PlanRows>,
+    /// Row estimates (DataFusion's), memoized for the pass that made this costing.
+    rows: Rc<RowEstimator>,
 }
 
 impl Costing {
@@ -137,7 +138,7 @@ impl Costing {
             array_map_density: config.execution.perfect_hash_join_min_key_density,
             model: t.costs.clone(),
             compare_costs: t.compare_costs,
-            rows: Rc::new(PlanRows::new()),
+            rows: Rc::new(RowEstimator::new()),
         }
     }
 
@@ -331,14 +332,14 @@ fn estimate_of(
 ) -> Estimate {
     let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
-    let build_rows = costing.rows.rows(join.left()).unwrap_or(table_rows);
+    let build_rows = costing.rows.datafusion_rows(join.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
     let shape = JoinShape {
         build_rows,
-        probe_rows: costing.rows.rows(join.right()).unwrap_or(build_rows),
+        probe_rows: costing.rows.datafusion_rows(join.right()).unwrap_or(build_rows),
         threads: join.right().output_partitioning().partition_count().max(1),
         key: match handle.index().key_type().width() {
             Some(_) => KeyKind::Fixed,
@@ -632,13 +633,13 @@ fn rewrite_feeding(
 /// partitions together emit at most 1/[`FEW_GROUPS_PER_PROBE_ROW`] as many partial rows as the
 /// join's probe side has rows: then the probe side's hash repartition moves every probe row to
 /// save the final aggregate next to nothing.
-fn few_groups(agg: &AggregateExec, join: &HashJoinExec, estimates: &PlanRows) -> bool {
+fn few_groups(agg: &AggregateExec, join: &HashJoinExec, estimates: &RowEstimator) -> bool {
     let Some(groups) = group_count::estimated_groups(agg) else {
         return false;
     };
     let probe = join.right();
     let partitions = probe.output_partitioning().partition_count().max(1) as f64;
-    let Some(rows) = estimates.rows(probe) else {
+    let Some(rows) = estimates.datafusion_rows(probe) else {
         return false;
     };
     partitions * groups * FEW_GROUPS_PER_PROBE_ROW <= rows
@@ -650,7 +651,7 @@ const FEW_GROUPS_PER_PROBE_ROW: f64 = 8.0;
 /// `plan` with each partial aggregate that reads an [`MphfJoinExec`] and groups by build-side
 /// columns fused with it (see [`MphfGroupJoinExec`]). The fused node keeps the aggregate's
 /// schema, partitioning and the join's input requirements, so the plan stays valid.
-fn fuse_group_joins(plan: Arc<dyn ExecutionPlan>, estimates: &PlanRows) -> Result<Arc<dyn ExecutionPlan>> {
+fn fuse_group_joins(plan: Arc<dyn ExecutionPlan>, estimates: &RowEstimator) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
         let Some(agg) = node.downcast_ref::<AggregateExec>() else {
             return Ok(Transformed::no(node));
