@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ::datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -180,6 +180,34 @@ pub struct MphfRelabelExec {
     properties: Arc<PlanProperties>,
     /// Indexed columns (for display).
     columns: Vec<String>,
+    /// The input's statistics by partition (`None`: all), once asked (see [`InputStatistics`]).
+    input_stats: InputStatistics,
+}
+
+/// The statistics of a node's input, kept after the first walk that computes them.
+///
+/// Why: each optimizer rule that estimates rows walks the plan with a fresh
+/// `StatisticsContext`, and an in-memory table computes its statistics from every batch on each
+/// walk. The relabel node sits on every scan of an indexed table, so it keeps its input's
+/// answer and tells later walks to skip the scan. Sound because a node's input never changes:
+/// a new input makes a new relabel node with an empty memo.
+#[derive(Debug, Default)]
+struct InputStatistics(Mutex<Vec<(Option<usize>, Arc<Statistics>)>>);
+
+impl InputStatistics {
+    /// The kept statistics of `partition`, if a walk computed them.
+    fn get(&self, partition: Option<usize>) -> Option<Arc<Statistics>> {
+        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.iter().find(|(p, _)| *p == partition).map(|(_, s)| Arc::clone(s))
+    }
+
+    /// Keeps `stats` as the statistics of `partition`.
+    fn keep(&self, partition: Option<usize>, stats: &Arc<Statistics>) {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !kept.iter().any(|(p, _)| *p == partition) {
+            kept.push((partition, Arc::clone(stats)));
+        }
+    }
 }
 
 impl MphfRelabelExec {
@@ -224,6 +252,7 @@ impl MphfRelabelExec {
             schema,
             properties: Arc::new(props),
             columns,
+            input_stats: InputStatistics::default(),
         })
     }
 }
@@ -303,17 +332,27 @@ impl ExecutionPlan for MphfRelabelExec {
     fn statistics_from_inputs(
         &self,
         input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
+        args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
         // Relabeling changes field metadata only: the input's statistics hold as they are.
+        // Kept ones first: `child_stats_requests` skipped the input when there are.
+        if let Some(kept) = self.input_stats.get(args.partition()) {
+            return Ok(kept);
+        }
         match input_stats.first() {
-            Some(stats) => Ok(Arc::clone(stats)),
+            Some(stats) => {
+                self.input_stats.keep(args.partition(), stats);
+                Ok(Arc::clone(stats))
+            }
             None => internal_err!("MphfRelabelExec: no input statistics"),
         }
     }
 
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(partition)]
+        match self.input_stats.get(partition) {
+            Some(_) => vec![ChildStats::Skip],
+            None => vec![ChildStats::At(partition)],
+        }
     }
 
     fn supports_limit_pushdown(&self) -> bool {
@@ -400,5 +439,112 @@ impl ExecutionPlan for MphfRelabelExec {
             return Ok(Some(projected));
         }
         Ok(Some(Arc::new(Self::with_schema(projected, schema, columns)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use ::datafusion::arrow::datatypes::DataType;
+    use ::datafusion::common::internal_datafusion_err;
+    use ::datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+    use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+    use ::datafusion::physical_plan::statistics::StatisticsContext;
+
+    use super::*;
+
+    /// A leaf of known row count that counts how often its statistics are computed.
+    #[derive(Debug)]
+    struct CountingLeaf {
+        properties: Arc<PlanProperties>,
+        asked: AtomicUsize,
+    }
+
+    impl CountingLeaf {
+        fn new(schema: SchemaRef) -> Self {
+            let properties = PlanProperties::new(
+                EquivalenceProperties::new(schema),
+                Partitioning::UnknownPartitioning(2),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            );
+            Self {
+                properties: Arc::new(properties),
+                asked: AtomicUsize::new(0),
+            }
+        }
+    }
+
+    impl DisplayAs for CountingLeaf {
+        fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "CountingLeaf")
+        }
+    }
+
+    impl ExecutionPlan for CountingLeaf {
+        fn name(&self) -> &str {
+            "CountingLeaf"
+        }
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.properties
+        }
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![]
+        }
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        ) -> Result<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+        fn with_new_children(
+            self: Arc<Self>,
+            _children: Vec<Arc<dyn ExecutionPlan>>,
+        ) -> Result<Arc<dyn ExecutionPlan>> {
+            Ok(self)
+        }
+        fn execute(&self, _partition: usize, _context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+            Err(internal_datafusion_err!("CountingLeaf does not run"))
+        }
+        fn statistics_from_inputs(
+            &self,
+            _inputs: &[Arc<Statistics>],
+            args: &StatisticsArgs,
+        ) -> Result<Arc<Statistics>> {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            let mut stats = Statistics::new_unknown(&self.schema());
+            let rows = match args.partition() {
+                None => 100,
+                Some(p) => 40 + 20 * p,
+            };
+            stats.num_rows = ::datafusion::common::stats::Precision::Exact(rows);
+            Ok(Arc::new(stats))
+        }
+    }
+
+    fn rows(plan: &dyn ExecutionPlan, partition: Option<usize>) -> Option<usize> {
+        let args = StatisticsArgs::new().with_partition(partition);
+        let stats = StatisticsContext::new().compute(plan, &args).expect("statistics");
+        stats.num_rows.get_value().copied()
+    }
+
+    #[test]
+    fn relabel_computes_its_inputs_statistics_once_per_partition() {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+        let leaf = Arc::new(CountingLeaf::new(Arc::clone(&schema)));
+        let relabel = MphfRelabelExec::with_schema(Arc::clone(&leaf) as _, schema, vec!["k".into()]).expect("relabel");
+        // Each walk has a fresh context, as each optimizer rule's has.
+        for _ in 0..3 {
+            assert_eq!(rows(&relabel, None), Some(100));
+            assert_eq!(rows(&relabel, Some(1)), Some(60));
+        }
+        assert_eq!(leaf.asked.load(Ordering::SeqCst), 2);
+        assert_eq!(rows(&relabel, Some(0)), Some(40));
+        assert_eq!(leaf.asked.load(Ordering::SeqCst), 3);
+        // A new input makes a new node, which asks its input again.
+        let over = Arc::new(relabel).over(Arc::clone(&leaf) as _).expect("over");
+        assert_eq!(rows(over.as_ref(), None), Some(100));
+        assert_eq!(leaf.asked.load(Ordering::SeqCst), 4);
     }
 }
