@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -20,6 +20,15 @@ if [ "$PART" = sf1 ]; then
   timeout 150 "$BIN" bench groupby --scale 1 --runs 5 --markdown > "$OUT/groupby_sf1_p16.md" 2>&1
   log "bench groupby SF 10, 16 partitions (dependent columns)"
   timeout 150 "$BIN" bench groupby --scale 10 --runs 3 --markdown --only "order columns" > "$OUT/groupby_sf10_p16_dep.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = tpch10 ]; then
+  # Issue 23: TPC-H Q1–Q22 at SF 10 in memory, 16 partitions, `auto` placement, one process
+  # (a device call holds one; run it once per process wanted).
+  log "bench tpch SF 10, 16 partitions"
+  timeout 560 "$BIN" bench tpch --scale 10 --runs 3 --markdown > "$OUT/tpch_sf10_p16.md" 2> "$OUT/tpch_sf10_p16.err"
   log "done"
   exit 0
 fi

@@ -619,3 +619,50 @@ fn calibrate_writes_costs_that_sql_reads() {
         "{err}"
     );
 }
+
+#[test]
+fn tpch_benches_time_the_suite_and_check_its_rows() {
+    let out = ok(&[
+        "bench",
+        "tpch",
+        "--scale",
+        "0.01",
+        "--partitions",
+        "2",
+        "--runs",
+        "1",
+        "--only",
+        "3",
+        "--only",
+        "18",
+    ]);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('Q')).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].starts_with("Q3 ") && lines[1].starts_with("Q18 "), "{out}");
+    assert!(lines.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
+    assert!(
+        out.contains("TPC-H SF 0.01 in memory, 2 partitions, median of 1 runs per query"),
+        "{out}"
+    );
+
+    let out = ok(&[
+        "bench",
+        "planning",
+        "--scale",
+        "0.01",
+        "--partitions",
+        "2",
+        "--runs",
+        "1",
+    ]);
+    assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
+    assert!(
+        out.contains("over 22 queries (SF 0.01, 2 partitions, median of 1 plans each)"),
+        "{out}"
+    );
+
+    let err = fails(&["bench", "tpch", "--scale", "0.01", "--only", "23"]);
+    assert!(err.contains("--only takes query numbers 1 to 22, got 23"), "{err}");
+    let err = fails(&["bench", "tpch", "--runs", "0"]);
+    assert!(err.contains("--runs must be at least 1"), "{err}");
+}

@@ -41,13 +41,13 @@ pub struct BenchPlanningArgs {
 }
 
 /// The median of `times` (sorted in place).
-fn median(times: &mut [f64]) -> f64 {
+pub(super) fn median(times: &mut [f64]) -> f64 {
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }
 
 /// How many MPHF nodes and declined candidates the plan `plan` holds.
-fn mphf_nodes(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
+pub(super) fn mphf_nodes(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
     let text = displayable(plan.as_ref()).indent(false).to_string();
     let declined = text.matches("MphfDeclined:").count();
     let all = text.lines().filter(|l| l.trim_start().starts_with("Mphf")).count();

@@ -268,7 +268,7 @@ async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
 }
 
 /// Scale factor from which the binary's allocator returns freed memory at once.
-const LARGE_SCALE: f64 = 5.0;
+pub(super) const LARGE_SCALE: f64 = 5.0;
 
 /// Makes mimalloc (the `mphf` binary's allocator) return freed memory to the OS at once instead
 /// of after 10 ms. Measured on the 24 GiB machine: SF 10 in memory ran out of memory with the

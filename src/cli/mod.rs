@@ -9,6 +9,7 @@ pub mod bench_build;
 pub mod bench_planning;
 pub mod bench_slots;
 pub mod bench_sparse;
+pub mod bench_tpch;
 pub mod build;
 pub mod calibrate;
 pub mod demo;
@@ -83,6 +84,9 @@ pub enum BenchCommand {
     /// What the MPHF rules add to planning: TPC-H Q1–Q22 planned in a vanilla and an MPHF
     /// session of one process, median times and their difference.
     Planning(bench_planning::BenchPlanningArgs),
+    /// TPC-H Q1–Q22 over in-memory tables with and without MPHF in one process: median times,
+    /// speed-ups and a check that the rows agree.
+    Tpch(bench_tpch::BenchTpchArgs),
 }
 
 /// Runs a parsed command line.
@@ -104,6 +108,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Bench(BenchCommand::Join(args)) => block_on(demo::run(args, demo::Suite::Join)),
         Command::Bench(BenchCommand::Sparse(args)) => block_on(bench_sparse::run(args)),
         Command::Bench(BenchCommand::Planning(args)) => block_on(bench_planning::run(args)),
+        Command::Bench(BenchCommand::Tpch(args)) => block_on(bench_tpch::run(args)),
         Command::Bench(BenchCommand::Build(args)) => {
             bench_build::run(&args).map_err(|e| CliError::Bench(e.to_string()))?;
             Ok(())

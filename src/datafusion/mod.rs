@@ -23,6 +23,7 @@
 //! joins on slot tables), each with the optimizer rule that installs it.
 
 pub mod aggregate;
+pub mod compact_views;
 pub mod config;
 pub mod context;
 pub mod error;

@@ -30,6 +30,7 @@ use super::slot_states::SlotStates;
 use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SCAN_SLOT_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
 use crate::core::bits::prefetch;
 use crate::core::column::ABSENT;
+use crate::datafusion::compact_views::compact_view_column;
 use crate::datafusion::registry::IndexHandle;
 use crate::datafusion::slot_scan::scan_slots_of;
 
@@ -629,7 +630,9 @@ pub(super) fn member_keys(grouping: &Grouping, index: &IndexHandle, slots: UInt6
     if grouping.key_is_slot {
         Ok(Arc::new(slots))
     } else {
-        Ok(take(index.index().keys().as_ref(), &slots, None)?)
+        // Compacted: the index's keys are one array, and a view column taken from it would hold
+        // all of their bytes in every batch emitted.
+        Ok(compact_view_column(take(index.index().keys().as_ref(), &slots, None)?))
     }
 }
 

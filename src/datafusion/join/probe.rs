@@ -29,6 +29,7 @@ use ::datafusion::physical_plan::metrics::{Count, Time};
 use super::build::SharedBuild;
 use super::translate::Translator;
 use crate::core::column::ABSENT;
+use crate::datafusion::compact_views::compact_views;
 use crate::datafusion::error::to_df;
 use crate::datafusion::registry::IndexHandle;
 
@@ -322,9 +323,9 @@ impl Prober {
         let options = RecordBatchOptions::new().with_row_count(Some(len));
         let out = RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
         let step = self.batch_size.max(1);
-        Ok((0..len)
+        (0..len)
             .step_by(step)
-            .map(|o| out.slice(o, step.min(len - o)))
-            .collect())
+            .map(|o| compact_views(out.slice(o, step.min(len - o))))
+            .collect()
     }
 }
