@@ -16,7 +16,7 @@
 //!
 //! Module map: [`udf`] (the function and how it finds its index), [`table`] (`MphfTable`),
 //! [`registry`] (live indexes, the session registry, the hook for optimizer rules),
-//! [`context`] (statement execution), [`install`] (the index installation pipeline), [`once`] (work shared by the partitions of one execution), [`statements`] (parsing), [`persist`] (saved indexes and
+//! [`context`] (statement execution), [`install`] (the index installation pipeline), [`once`] (work shared by the partitions of one execution), [`compact_views`] (sparse view columns copied before an operator emits them), [`statements`] (parsing), [`persist`] (saved indexes and
 //! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping), [`union_labels`] (UNIONs of
 //! differently indexed inputs), and the operators:
 //! [`aggregate`] (`MphfAggregateExec`, GROUP BY on slots) and [`join`] (`MphfJoinExec`, hash
