@@ -9,7 +9,6 @@
 //! queries.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use ::datafusion::physical_plan::{displayable, ExecutionPlan};
 use anyhow::{bail, Result};
@@ -17,6 +16,7 @@ use clap::Args;
 
 use super::demo::{apply_settings, tpch_sessions};
 use super::difftest::tpch_suite;
+use super::timing::{median, time_both};
 use crate::datafusion::tpch::TABLES;
 
 /// Arguments of `mphf bench planning`.
@@ -38,12 +38,6 @@ pub struct BenchPlanningArgs {
     /// e.g. `--set mphf.enable_join=false`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
-}
-
-/// The median of `times` (sorted in place).
-pub(super) fn median(times: &mut [f64]) -> f64 {
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
 }
 
 /// How many MPHF nodes and declined candidates the plan `plan` holds.
@@ -85,19 +79,19 @@ pub async fn run(args: BenchPlanningArgs) -> Result<()> {
         vanilla.sql(&query.sql).await?.create_physical_plan().await?;
         let plan = mphf.sql(&query.sql).await?.create_physical_plan().await?;
         let (nodes, declined) = mphf_nodes(&plan);
-        let mut times = [Vec::new(), Vec::new()];
-        for run in 0..args.runs {
-            for side in [run % 2, 1 - run % 2] {
-                let t = Instant::now();
-                match side {
-                    0 => drop(vanilla.sql(&query.sql).await?.create_physical_plan().await?),
-                    _ => drop(mphf.sql(&query.sql).await?.create_physical_plan().await?),
-                }
-                times[side].push(t.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        let [mut tv, mut tm] = times;
-        let (tv, tm) = (median(&mut tv), median(&mut tm));
+        // Each plan is dropped inside its timed run, as a query's would be.
+        let [(tv, _), (tm, _)] = time_both(
+            async || {
+                vanilla.sql(&query.sql).await?.create_physical_plan().await?;
+                Ok(Vec::new())
+            },
+            async || {
+                mphf.sql(&query.sql).await?.create_physical_plan().await?;
+                Ok(Vec::new())
+            },
+            args.runs,
+        )
+        .await?;
         added.push(tm - tv);
         println!(
             "{sep}{label:<6}{sep} {tv:>11.3}{sep} {tm:>9.3}{sep} {:>9.3}{sep} {nodes:>11}{sep} {declined:>9}{sep}",

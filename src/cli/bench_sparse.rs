@@ -47,6 +47,7 @@ use rayon::prelude::*;
 use serde_json::{json, Value};
 
 use super::demo::{mphf_operators, purge_freed_memory_at_once, rows_of};
+use super::timing::time_both;
 use crate::core::hash::mix64;
 use crate::datafusion::MphfContext;
 
@@ -537,31 +538,6 @@ async fn create_indexes(mphf: &MphfContext, mode: &str, tables: &[&str]) -> Resu
         times.push(((*name).to_string(), ms));
     }
     Ok(times)
-}
-
-/// Median times (ms) over `runs` of two queries, and each one's last result. The runs alternate
-/// which query goes first, as `mphf demo`'s; results are kept, not rendered, between runs.
-async fn time_both(
-    vanilla: impl AsyncFn() -> Result<Vec<RecordBatch>>,
-    mphf: impl AsyncFn() -> Result<Vec<RecordBatch>>,
-    runs: usize,
-) -> Result<[(f64, Vec<RecordBatch>); 2]> {
-    let mut times = [Vec::new(), Vec::new()];
-    let mut last = [Vec::new(), Vec::new()];
-    for run in 0..runs.max(1) {
-        for side in [run % 2, 1 - run % 2] {
-            last[side].clear();
-            let t = Instant::now();
-            let batches = if side == 0 { vanilla().await? } else { mphf().await? };
-            times[side].push(t.elapsed().as_secs_f64() * 1e3);
-            last[side] = batches;
-        }
-    }
-    let [mut tv, mut tm] = times;
-    let [bv, bm] = last;
-    tv.sort_by(f64::total_cmp);
-    tm.sort_by(f64::total_cmp);
-    Ok([(tv[tv.len() / 2], bv), (tm[tm.len() / 2], bm)])
 }
 
 /// One query's result in one mode.

@@ -16,16 +16,16 @@ use std::time::Instant;
 
 use ::datafusion::arrow::record_batch::RecordBatch;
 use ::datafusion::arrow::util::pretty::pretty_format_batches;
-use ::datafusion::execution::context::SessionContext;
+use ::datafusion::dataframe::DataFrame;
 use anyhow::{bail, Result};
 use clap::Args;
 
-use super::bench_planning::{median, mphf_nodes};
+use super::bench_planning::mphf_nodes;
 use super::demo::{apply_settings, purge_freed_memory_at_once, tpch_sessions, LARGE_SCALE};
 use super::difftest::cells::Rows;
 use super::difftest::tpch_suite;
+use super::timing::time_both;
 use crate::datafusion::tpch::TABLES;
-use crate::datafusion::MphfContext;
 
 /// Arguments of `mphf bench tpch`.
 #[derive(Args, Debug, Clone)]
@@ -54,25 +54,15 @@ pub struct BenchTpchArgs {
     pub set: Vec<String>,
 }
 
-/// One timed run of `sql` in `mphf` (`Some`) or `vanilla`: milliseconds and the batches.
-async fn run_once(sql: &str, mphf: Option<&MphfContext>, vanilla: &SessionContext) -> Result<(f64, Vec<RecordBatch>)> {
-    let t = Instant::now();
-    let df = match mphf {
-        Some(ctx) => ctx.sql(sql).await?,
-        None => vanilla.sql(sql).await?,
-    };
+/// The rows of `df`; an empty result keeps its schema in one empty batch, so that its rows can
+/// be compared.
+async fn collect(df: DataFrame) -> Result<Vec<RecordBatch>> {
     let schema = df.schema().inner().clone();
     let batches = df.collect().await?;
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    // An empty result has no batch to carry the schema: keep it with an empty batch.
-    Ok((
-        ms,
-        if batches.is_empty() {
-            vec![RecordBatch::new_empty(schema)]
-        } else {
-            batches
-        },
-    ))
+    Ok(match batches.is_empty() {
+        true => vec![RecordBatch::new_empty(schema)],
+        false => batches,
+    })
 }
 
 /// Runs `mphf bench tpch`.
@@ -124,19 +114,12 @@ pub async fn run(args: BenchTpchArgs) -> Result<()> {
         }
         let plan = mphf.sql(&query.sql).await?.create_physical_plan().await?;
         let (nodes, declined) = mphf_nodes(&plan);
-        let mut times = [Vec::new(), Vec::new()];
-        let mut last = [Vec::new(), Vec::new()];
-        for run in 0..args.runs {
-            for side in [run % 2, 1 - run % 2] {
-                let session = (side == 1).then_some(&mphf);
-                let (ms, batches) = run_once(&query.sql, session, &vanilla).await?;
-                times[side].push(ms);
-                last[side] = batches;
-            }
-        }
-        let [mut tv, mut tm] = times;
-        let (tv, tm) = (median(&mut tv), median(&mut tm));
-        let [bv, bm] = last;
+        let [(tv, bv), (tm, bm)] = time_both(
+            async || collect(vanilla.sql(&query.sql).await?).await,
+            async || collect(mphf.sql(&query.sql).await?).await,
+            args.runs,
+        )
+        .await?;
         let (rv, rm) = (
             Rows::from_batches(&bv[0].schema(), &bv)?,
             Rows::from_batches(&bm[0].schema(), &bm)?,

@@ -24,6 +24,7 @@ use ::datafusion::prelude::{SessionConfig, SessionContext};
 use anyhow::{bail, Result};
 use clap::Args;
 
+use super::timing::time_both;
 use crate::datafusion::tpch::generate;
 use crate::datafusion::MphfContext;
 
@@ -203,30 +204,6 @@ pub(super) fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
     }
     rows.sort();
     Ok(rows)
-}
-
-/// Median times (ms) over `runs` of two queries, and the rows of each one's last run. The runs
-/// alternate (and alternate which query goes first), so drift in the machine's speed while
-/// they run, and any advantage of going first, falls on both alike.
-async fn time_pair(
-    vanilla: impl AsyncFn() -> Result<Vec<RecordBatch>>,
-    mphf: impl AsyncFn() -> Result<Vec<RecordBatch>>,
-    runs: usize,
-) -> Result<((f64, Vec<String>), (f64, Vec<String>))> {
-    let (mut times, mut rows) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
-    for run in 0..runs.max(1) {
-        for side in [run % 2, 1 - run % 2] {
-            let t = Instant::now();
-            let batches = if side == 0 { vanilla().await? } else { mphf().await? };
-            times[side].push(t.elapsed().as_secs_f64() * 1e3);
-            rows[side] = rows_of(&batches)?;
-        }
-    }
-    let [mut tv, mut tm] = times;
-    let [rv, rm] = rows;
-    tv.sort_by(f64::total_cmp);
-    tm.sort_by(f64::total_cmp);
-    Ok(((tv[tv.len() / 2], rv), (tm[tm.len() / 2], rm)))
 }
 
 /// The MPHF operators in the MPHF session's physical plan of `sql` ("agg", "join"), or "hash".
@@ -413,14 +390,15 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
         .filter(|(label, _, _)| only.is_empty() || only.iter().any(|o| label.to_lowercase().contains(o)));
     for (label, q_mphf, q_vanilla) in queries {
         let q_vanilla = if q_vanilla.is_empty() { q_mphf } else { q_vanilla };
-        let ((tv, rv), (tm, rm)) = time_pair(
+        let [(tv, bv), (tm, bm)] = time_both(
             async || Ok(vanilla.sql(q_vanilla).await?.collect().await?),
             async || Ok(mphf.sql(q_mphf).await?.collect().await?),
             args.runs,
         )
         .await?;
+        let (rv, rm) = (rows_of(&bv)?, rows_of(&bm)?);
         // Planning alone (SQL to physical plan, the MPHF rules included), timed the same way.
-        let ((pv, _), (pm, _)) = time_pair(
+        let [(pv, _), (pm, _)] = time_both(
             async || {
                 vanilla.sql(q_vanilla).await?.create_physical_plan().await?;
                 Ok(Vec::new())

@@ -18,6 +18,7 @@ pub mod inspect;
 pub mod lookup;
 pub mod parquet_io;
 pub mod sql;
+pub mod timing;
 pub mod tpch;
 
 use std::path::PathBuf;
