@@ -5,8 +5,8 @@
 //! `GROUP BY o_orderkey, o_custkey, o_orderdate` groups by the slot of `o_orderkey` alone when
 //! the other two are functions of it (the rule proves that, see [`lineage`](super::lineage)).
 //! The *dependent* expressions are still evaluated for every row and compared with the values
-//! the group saw first (their row format, one `memcmp`): a row that differs gets a group of its
-//! own. The proof decides whether the operator is worth running; the comparison makes its
+//! the group saw first (column by column, see [`dep_values`](super::dep_values)): a row that
+//! differs gets a group of its own, keyed by its row format. The proof decides whether the operator is worth running; the comparison makes its
 //! result equal DataFusion's whatever the data (a stale index, a key that stopped being unique).
 //!
 //! # Invariants
@@ -81,6 +81,8 @@ pub(super) struct Grouping {
     pub full_converter: RowConverter,
     /// Output types of the group columns, in group-expression order.
     out_types: Vec<DataType>,
+    /// Types of the dependent columns as evaluated over the input.
+    dep_types: Vec<DataType>,
 }
 
 impl Grouping {
@@ -112,10 +114,8 @@ impl Grouping {
             .filter(|&(i, _)| i != key_pos)
             .map(|(_, (e, _))| Arc::clone(e))
             .collect();
-        let dep_fields = deps
-            .iter()
-            .map(|e| Ok(SortField::new(e.data_type(&input)?)))
-            .collect::<Result<Vec<_>>>()?;
+        let dep_types = deps.iter().map(|e| e.data_type(&input)).collect::<Result<Vec<_>>>()?;
+        let dep_fields: Vec<SortField> = dep_types.iter().map(|t| SortField::new(t.clone())).collect();
         let mut full_fields = vec![SortField::new(key_expr.data_type(&input)?)];
         full_fields.extend(dep_fields.iter().cloned());
         Ok(Self {
@@ -130,6 +130,7 @@ impl Grouping {
             },
             deps,
             full_converter: RowConverter::new(full_fields)?,
+            dep_types,
             out_types: out_schema.fields()[..exprs.len()]
                 .iter()
                 .map(|f| f.data_type().clone())
@@ -137,17 +138,25 @@ impl Grouping {
         })
     }
 
-    /// The dependents of `batch` in row format (`None` without dependents).
-    pub(super) fn dep_rows(&self, batch: &RecordBatch) -> Result<Option<Rows>> {
+    /// The dependent columns of `batch`, evaluated.
+    pub(super) fn dep_columns(&self, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+        self.deps
+            .iter()
+            .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
+            .collect()
+    }
+
+    /// Evaluated dependent columns in row format (`None` without dependents).
+    pub(super) fn dep_rows_of(&self, columns: &[ArrayRef]) -> Result<Option<Rows>> {
         let Some(converter) = &self.dep_converter else {
             return Ok(None);
         };
-        let columns = self
-            .deps
-            .iter()
-            .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(converter.convert_columns(&columns)?))
+        Ok(Some(converter.convert_columns(columns)?))
+    }
+
+    /// Types of the dependent columns, evaluated.
+    pub(super) fn dep_types(&self) -> Vec<DataType> {
+        self.dep_types.clone()
     }
 
     /// Whole group keys of `batch` in row format.

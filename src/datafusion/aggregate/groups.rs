@@ -25,6 +25,7 @@ use ::datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
+use super::dep_values::DepValues;
 use super::grouping::{ByteRows, Grouping};
 use super::slot_states::SlotStates;
 use super::{FALLBACK_ROWS_METRIC_NAME, GPU_ROWS_METRIC_NAME, SCAN_SLOT_ROWS_METRIC_NAME, SLOTS_TOUCHED_METRIC_NAME};
@@ -192,9 +193,8 @@ pub(super) struct SlotGroups {
     group_of_slot: Vec<u32>,
     /// What each group is.
     origin: Vec<Origin>,
-    /// Dependent values of each group (row format; an empty row for fallback groups). Unused
-    /// without dependents.
-    deps: ByteRows,
+    /// Dependent values of each group (`None` without dependents).
+    deps: Option<DepValues>,
     /// `slot (8 bytes LE) ++ dependent row` -> mismatch group.
     mismatch: HashMap<Box<[u8]>, usize>,
     /// Whole row-format group key -> fallback group number.
@@ -245,8 +245,13 @@ impl SlotGroups {
                 "MphfAggregateExec: slot window {window:?} beyond {n_slots} slots"
             )));
         }
+        let grouping = Grouping::try_new(agg, key_pos, out_schema, &index)?;
+        let deps = grouping
+            .dep_converter
+            .is_some()
+            .then(|| DepValues::new(grouping.dep_types()));
         Ok(Self {
-            grouping: Grouping::try_new(agg, key_pos, out_schema, &index)?,
+            grouping,
             index,
             args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
             accs,
@@ -254,7 +259,7 @@ impl SlotGroups {
             window: window.len(),
             group_of_slot: Vec::new(),
             origin: Vec::new(),
-            deps: ByteRows::default(),
+            deps,
             mismatch: HashMap::new(),
             fallback: HashMap::new(),
             fallback_keys: Vec::new(),
@@ -270,21 +275,22 @@ impl SlotGroups {
         self.accs.iter().map(|a| a.size()).sum::<usize>()
             + self.group_of_slot.capacity() * 4
             + self.origin.capacity() * 16
-            + self.deps.size()
+            + self.deps.as_ref().map_or(0, DepValues::size)
             + self.mismatch.keys().map(|k| k.len() + 48).sum::<usize>()
             + self.fallback_keys.iter().map(|k| 2 * k.len() + 48).sum::<usize>()
             + self.slots.capacity() * 8
             + self.groups.capacity() * 8
     }
 
-    /// A new group of origin `origin` with dependent values `dep`.
-    fn new_group(&mut self, origin: Origin, dep: &[u8]) -> usize {
+    /// A new group of origin `origin`, its dependent values at row `row` of the batch being
+    /// accumulated (`None`: no values, a fallback group or a GPU partial's).
+    fn new_group(&mut self, origin: Origin, row: Option<usize>) -> Result<usize> {
         let g = self.origin.len();
         self.origin.push(origin);
-        if self.grouping.dep_converter.is_some() {
-            self.deps.push(dep);
+        if let Some(deps) = &mut self.deps {
+            deps.register(g, row)?;
         }
-        g
+        Ok(g)
     }
 
     /// Accumulates one input batch: slot lookup (batched, verified), then `update_batch`.
@@ -334,7 +340,10 @@ impl SlotGroups {
         {
             let lookup_time = self.metrics.lookup_time.clone();
             let _timer = lookup_time.timer();
-            let dep_rows = self.grouping.dep_rows(batch)?;
+            let dep_columns = match &self.deps {
+                Some(_) => Some(self.grouping.dep_columns(batch)?),
+                None => None,
+            };
             let mut full_rows = None;
             let mut groups = std::mem::take(&mut self.groups);
             groups.clear();
@@ -351,10 +360,6 @@ impl SlotGroups {
                         );
                     }
                 }
-                let dep: &[u8] = match &dep_rows {
-                    Some(r) => r.row(i).data(),
-                    None => &[],
-                };
                 if slot != ABSENT {
                     let s = slot as usize;
                     let Some(&g) = self.group_of_slot.get(s.wrapping_sub(lo)) else {
@@ -364,14 +369,11 @@ impl SlotGroups {
                         )));
                     };
                     if g == NO_GROUP {
-                        let g = self.new_group(Origin::Slot(s), dep);
+                        let g = self.new_group(Origin::Slot(s), Some(i))?;
                         self.group_of_slot[s - lo] = g as u32;
                         groups.push(g);
-                    } else if dep_rows.is_none() || self.deps.get(g as usize) == dep {
-                        groups.push(g as usize);
                     } else {
-                        groups.push(self.mismatch_group(s, dep));
-                        self.metrics.fallback_rows.add(1);
+                        groups.push(g as usize);
                     }
                 } else {
                     let converted = match &full_rows {
@@ -390,7 +392,7 @@ impl SlotGroups {
                         Some(&g) => g,
                         None => {
                             let owned: Box<[u8]> = bytes.into();
-                            let g = self.new_group(Origin::Fallback, &[]);
+                            let g = self.new_group(Origin::Fallback, None)?;
                             self.fallback.insert(owned.clone(), g);
                             self.fallback_keys.push(owned);
                             g
@@ -399,6 +401,9 @@ impl SlotGroups {
                     self.metrics.fallback_rows.add(1);
                     groups.push(group);
                 }
+            }
+            if let Some(columns) = &dep_columns {
+                self.split_mismatches(columns, slots, &mut groups)?;
             }
             self.groups = groups;
         }
@@ -436,7 +441,7 @@ impl SlotGroups {
         for &s in &part.slots {
             let g = match self.group_of_slot.get(s.wrapping_sub(lo)) {
                 Some(&NO_GROUP) => {
-                    let g = self.new_group(Origin::Slot(s), &[]);
+                    let g = self.new_group(Origin::Slot(s), None)?;
                     self.group_of_slot[s - lo] = g as u32;
                     g
                 }
@@ -457,18 +462,48 @@ impl SlotGroups {
         Ok(())
     }
 
-    /// The group of a row of slot `slot` whose dependent values `dep` differ from the slot's
-    /// canonical group's.
-    fn mismatch_group(&mut self, slot: usize, dep: &[u8]) -> usize {
+    /// Moves the rows of the current batch (dependent columns `columns`, slots `slots`) whose
+    /// dependent values differ from their slot's canonical group to mismatch groups, then
+    /// stores the values of the groups the batch created.
+    fn split_mismatches(&mut self, columns: &[ArrayRef], slots: &[u64], groups: &mut [usize]) -> Result<()> {
+        let Some(deps) = &self.deps else {
+            return Ok(());
+        };
+        let mismatched = deps.mismatched_rows(columns, groups, |i| slots[i] == ABSENT)?;
+        if !mismatched.is_empty() {
+            let rows = UInt32Array::from_iter_values(mismatched.iter().map(|&i| i as u32));
+            let taken = columns
+                .iter()
+                .map(|c| Ok(take(c.as_ref(), &rows, None)?))
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            let Some(converted) = self.grouping.dep_rows_of(&taken)? else {
+                return Err(DataFusionError::Internal(
+                    "MphfAggregateExec: dependent values without dependents".into(),
+                ));
+            };
+            for (k, &i) in mismatched.iter().enumerate() {
+                groups[i] = self.mismatch_group(slots[i] as usize, converted.row(k).data(), i)?;
+                self.metrics.fallback_rows.add(1);
+            }
+        }
+        match &mut self.deps {
+            Some(deps) => deps.store_created(columns),
+            None => Ok(()),
+        }
+    }
+
+    /// The group of row `row` of slot `slot` whose dependent values `dep` (row format) differ
+    /// from the slot's canonical group's.
+    fn mismatch_group(&mut self, slot: usize, dep: &[u8], row: usize) -> Result<usize> {
         let mut key = Vec::with_capacity(8 + dep.len());
         key.extend_from_slice(&(slot as u64).to_le_bytes());
         key.extend_from_slice(dep);
         if let Some(&g) = self.mismatch.get(key.as_slice()) {
-            return g;
+            return Ok(g);
         }
-        let g = self.new_group(Origin::Mismatch(slot), dep);
+        let g = self.new_group(Origin::Mismatch(slot), Some(row))?;
         self.mismatch.insert(key.into_boxed_slice(), g);
-        g
+        Ok(g)
     }
 
     /// Group ids in emission order: canonical slot groups by slot, mismatch groups, fallback
@@ -509,9 +544,10 @@ impl SlotGroups {
     fn member_columns(&self, order: &[u32]) -> Result<Vec<ArrayRef>> {
         let slots = UInt64Array::from_iter_values(order.iter().map(|&g| self.slot_of(g) as u64));
         let key = member_keys(&self.grouping, &self.index, slots)?;
-        let deps = self
-            .grouping
-            .decode_deps(order.iter().map(|&g| self.deps.get(g as usize)))?;
+        let deps = match &self.deps {
+            Some(deps) => deps.gather(order)?,
+            None => Vec::new(),
+        };
         self.grouping.assemble(key, deps)
     }
 
@@ -548,7 +584,9 @@ impl SlotGroups {
         self.fallback.clear();
         self.fallback_keys.clear();
         self.mismatch.clear();
-        self.deps = ByteRows::default();
+        if let Some(deps) = &mut self.deps {
+            deps.clear();
+        }
         self.origin.clear();
         self.group_of_slot = Vec::new();
         // Columns may differ from the schema only in nullability flags / metadata of state fields.
@@ -566,9 +604,12 @@ impl SlotGroups {
         let fallback_order = order.slice(n_members, order.len() - n_members);
         let slots: Vec<usize> = member_order.values().iter().map(|&g| self.slot_of(g)).collect();
         let mut deps = ByteRows::default();
-        if self.grouping.dep_converter.is_some() {
-            for &g in member_order.values() {
-                deps.push(self.deps.get(g as usize));
+        if let Some(values) = &self.deps {
+            let columns = values.gather(member_order.values())?;
+            if let Some(rows) = self.grouping.dep_rows_of(&columns)? {
+                for row in rows.iter() {
+                    deps.push(row.data());
+                }
             }
         }
         let mut states = Vec::new();

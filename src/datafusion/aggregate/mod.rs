@@ -48,6 +48,7 @@
 //! partitions. NULL keys, stale indexes and GPU failures end on the CPU path with the same
 //! results.
 
+mod dep_values;
 mod device;
 mod estimate;
 #[cfg(feature = "cuda")]

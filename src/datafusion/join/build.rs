@@ -198,7 +198,8 @@ impl BuildSide {
         let n_slots = usize::try_from(index.len())
             .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
         reservation.try_grow(n_slots * 4)?;
-        let (table, strays) = lay_out(&slots, keys.as_ref(), n_slots, &mut reservation)?;
+        let keys_repeat = index.stats().had_duplicates();
+        let (table, strays) = lay_out(&slots, keys.as_ref(), n_slots, keys_repeat, &mut reservation)?;
         let residual_keys = residual
             .iter()
             .map(|e| e.evaluate(&batch)?.into_array(rows))
@@ -359,10 +360,14 @@ fn parallel_slots(index: &ColumnIndex, keys: &ArrayRef) -> Result<Vec<u64>> {
 }
 
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
+/// Where the indexed table's keys repeat (`keys_repeat`), the build goes straight to the CSR
+/// layout; otherwise the unique layout is tried first, and a slot found twice (a stale index,
+/// never a fresh one) falls back to CSR.
 fn lay_out(
     slots: &[u64],
     keys: &dyn Array,
     n_slots: usize,
+    keys_repeat: bool,
     reservation: &mut MemoryReservation,
 ) -> Result<(SlotRows, HashMap<ScalarValue, Vec<u32>>)> {
     let mut strays: HashMap<ScalarValue, Vec<u32>> = HashMap::new();
@@ -375,7 +380,40 @@ fn lay_out(
                 .push(r as u32);
         }
     }
-    // Unique layout, filled in parallel: a slot that already holds a row means a repeated key.
+    if !keys_repeat {
+        if let Some(unique) = unique_layout(slots, n_slots) {
+            return Ok((SlotRows::Unique(unique), strays));
+        }
+    }
+    // Counting sort of the rows by slot: counts, their running sums (each slot's end), then
+    // the rows placed from the last, so that each slot's start is left behind and its rows stay
+    // in build order.
+    let members = slots.iter().filter(|&&s| s != ABSENT).count();
+    reservation.try_grow((members + 1) * 4)?;
+    let mut offsets = vec![0u32; n_slots + 1];
+    for &s in slots.iter().filter(|&&s| s != ABSENT) {
+        offsets[s as usize] += 1;
+    }
+    let mut end = 0u32;
+    for o in &mut offsets[..n_slots] {
+        end += *o;
+        *o = end;
+    }
+    offsets[n_slots] = end;
+    let mut rows = vec![0u32; members];
+    for (r, &s) in slots.iter().enumerate().rev() {
+        if s != ABSENT {
+            let at = &mut offsets[s as usize];
+            *at -= 1;
+            rows[*at as usize] = r as u32;
+        }
+    }
+    Ok((SlotRows::Multi { offsets, rows }, strays))
+}
+
+/// The unique layout (each slot's one row), filled in parallel; `None` once a slot is found to
+/// hold two rows.
+fn unique_layout(slots: &[u64], n_slots: usize) -> Option<Vec<u32>> {
     let cells: Vec<AtomicU32> = (0..n_slots).into_par_iter().map(|_| AtomicU32::new(NO_ROW)).collect();
     let duplicated = AtomicBool::new(false);
     slots
@@ -383,6 +421,10 @@ fn lay_out(
         .enumerate()
         .with_min_len(PAR_CHUNK)
         .for_each(|(r, &s)| {
+            // Once a repeated key is found the cells are dropped: skip the remaining rows.
+            if duplicated.load(Ordering::Relaxed) {
+                return;
+            }
             // Relaxed: the cells are read only after this parallel loop has joined.
             if s != ABSENT
                 && cells[s as usize]
@@ -392,32 +434,57 @@ fn lay_out(
                 duplicated.store(true, Ordering::Relaxed);
             }
         });
-    if !duplicated.into_inner() {
-        let unique = cells.into_par_iter().map(AtomicU32::into_inner).collect();
-        return Ok((SlotRows::Unique(unique), strays));
-    }
-    drop(cells);
-    // Counting sort of the rows by slot (rows stay in build order within a slot).
-    let members = slots.iter().filter(|&&s| s != ABSENT).count();
-    reservation.try_grow((members + 1) * 4)?;
-    let mut offsets = vec![0u32; n_slots + 1];
-    for &s in slots.iter().filter(|&&s| s != ABSENT) {
-        offsets[s as usize + 1] += 1;
-    }
-    for i in 0..n_slots {
-        offsets[i + 1] += offsets[i];
-    }
-    let mut next = offsets.clone();
-    let mut rows = vec![0u32; members];
-    for (r, &s) in slots.iter().enumerate() {
-        if s != ABSENT {
-            let at = &mut next[s as usize];
-            rows[*at as usize] = r as u32;
-            *at += 1;
-        }
-    }
-    Ok((SlotRows::Multi { offsets, rows }, strays))
+    (!duplicated.into_inner()).then(|| cells.into_par_iter().map(AtomicU32::into_inner).collect())
 }
 
 /// The shared handle probe streams hold.
 pub type SharedBuild = Arc<BuildSide>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::datafusion::arrow::array::Int64Array;
+    use ::datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
+
+    fn layout_of(slots: &[u64], n_slots: usize, keys_repeat: bool) -> SlotRows {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
+        let mut reservation = MemoryConsumer::new("test").register(&pool);
+        let keys = Int64Array::from_iter_values(slots.iter().map(|&s| s as i64));
+        lay_out(slots, &keys, n_slots, keys_repeat, &mut reservation).unwrap().0
+    }
+
+    /// Each slot's rows, read back through the layout.
+    fn rows_by_slot(table: &SlotRows, n_slots: usize) -> Vec<Vec<u32>> {
+        (0..n_slots)
+            .map(|s| match table {
+                SlotRows::Unique(rows) => [rows[s]].into_iter().filter(|&r| r != NO_ROW).collect(),
+                SlotRows::Multi { offsets, rows } => rows[offsets[s] as usize..offsets[s + 1] as usize].to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_csr_layout_keeps_each_slots_rows_in_build_order() {
+        let slots = [3, 0, 3, ABSENT, 1, 3, 0];
+        let expected = vec![vec![1, 6], vec![4], vec![], vec![0, 2, 5], vec![]];
+        // Keys known to repeat go straight to CSR; otherwise the unique attempt finds slot 3
+        // twice and falls back to it.
+        for keys_repeat in [true, false] {
+            let table = layout_of(&slots, 5, keys_repeat);
+            assert_eq!(table.layout(), "csr");
+            assert_eq!(rows_by_slot(&table, 5), expected);
+        }
+    }
+
+    #[test]
+    fn unique_keys_take_the_unique_layout_unless_the_index_says_they_repeat() {
+        let slots = [2, ABSENT, 0, 3];
+        let expected = vec![vec![2], vec![], vec![0], vec![3]];
+        let unique = layout_of(&slots, 4, false);
+        assert_eq!(unique.layout(), "unique");
+        assert_eq!(rows_by_slot(&unique, 4), expected);
+        let csr = layout_of(&slots, 4, true);
+        assert_eq!(csr.layout(), "csr");
+        assert_eq!(rows_by_slot(&csr, 4), expected);
+    }
+}

@@ -48,9 +48,10 @@
 //!   form keeps the probe side's hash repartition instead (one shared slot table).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
-//!   `perfect_hash_join_min_key_density`, estimated from the index's keys spread over the
-//!   join's build partitions): a direct array index is cheaper than an MPHF query
-//!   (`Tuning::join_yield_to_array_map`, default true).
+//!   `perfect_hash_join_min_key_density`, estimated for the join DataFusion runs, the one
+//!   swapped from included, from its build side's rows, duplicates included as DataFusion
+//!   counts them, spread over its build partitions): a direct array index is cheaper than an
+//!   MPHF query (`Tuning::join_yield_to_array_map`, default true).
 //! - After these guard rails, each remaining form is priced by the cost model
 //!   (`plan::cost`, `CostModel::slot_join_ns` against `hash_join_ns` of the join DataFusion runs
 //!   in its place) and declined when it is not cheaper (`Tuning::compare_costs`, off under
@@ -233,13 +234,23 @@ fn probe_rows_per_run(join: &HashJoinExec, key: usize) -> f64 {
         .unwrap_or(1.0)
 }
 
-/// Whether DataFusion would build an `ArrayMap` for this join (estimated from the index keys:
-/// the build side is assumed to hold every indexed key, spread over `partitions`).
-fn vanilla_uses_array_map(join: &HashJoinExec, index: &IndexHandle, partitions: usize, c: &Costing) -> bool {
-    if join.on().len() != 1 {
+/// Whether DataFusion would build an `ArrayMap` for `vanilla`, the join it runs in place of the
+/// candidate (key pair `key`; `index` is the candidate's). DataFusion decides per build
+/// partition from that partition's rows (duplicates included) over its key range. The estimate
+/// takes `vanilla`'s estimated build rows spread over its build partitions, and the key range
+/// of the index its build key carries (the candidate's `index` when it carries none: the keys
+/// that match lie in that range), which every hash partition spans.
+fn vanilla_uses_array_map(vanilla: &HashJoinExec, key: usize, index: &IndexHandle, c: &Costing) -> bool {
+    if vanilla.on().len() != 1 {
         return false;
     }
-    let index = index.index();
+    let left = vanilla.left().schema();
+    let own = vanilla.on()[key]
+        .0
+        .downcast_ref::<Column>()
+        .and_then(|col| left.fields().get(col.index()))
+        .and_then(|f| index_of_field(f));
+    let index = own.as_deref().unwrap_or(index).index();
     if !index.keys().data_type().is_integer() {
         return false;
     }
@@ -247,7 +258,15 @@ fn vanilla_uses_array_map(join: &HashJoinExec, index: &IndexHandle, partitions: 
         return false;
     };
     let range = (hi as i128 - lo as i128) as f64;
-    let rows = index.len() as f64 / partitions.max(1) as f64;
+    let partitions = match builds_once(vanilla) {
+        true => 1,
+        false => vanilla.left().output_partitioning().partition_count(),
+    };
+    let build_rows = c
+        .rows
+        .datafusion_rows(vanilla.left())
+        .unwrap_or(index.stats().rows as f64);
+    let rows = build_rows / partitions.max(1) as f64;
     range < c.array_map_threshold as f64 || rows / (range + 1.0) > c.array_map_density
 }
 
@@ -337,9 +356,13 @@ fn estimate_of(
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
+    let probe_rows = costing.rows.datafusion_rows(join.right()).unwrap_or(build_rows);
     let shape = JoinShape {
         build_rows,
-        probe_rows: costing.rows.datafusion_rows(join.right()).unwrap_or(build_rows),
+        slots: handle.index().len() as f64,
+        probe_rows,
+        hash_build_rows: costing.rows.datafusion_rows(vanilla.left()).unwrap_or(build_rows),
+        hash_probe_rows: costing.rows.datafusion_rows(vanilla.right()).unwrap_or(probe_rows),
         threads: join.right().output_partitioning().partition_count().max(1),
         key: match handle.index().key_type().width() {
             Some(_) => KeyKind::Fixed,
@@ -356,6 +379,7 @@ fn estimate_of(
         probe_rows_per_run: probe_rows_per_run(join, key),
         build_collected: builds_once(join),
         hash_build_collected: builds_once(vanilla),
+        build_keys_repeat: handle.index().stats().had_duplicates(),
         semi: is_semi_or_anti(join),
     };
     Estimate {
@@ -393,13 +417,12 @@ pub(crate) fn candidates(
     let rows_per_run = probe_rows_per_run(join, key);
     let per_row_lookup_pays = handle.index().dense_lookup_bytes() > 0 || rows_per_run >= costing.min_probe_rows_per_run;
     let collect_left = builds_once(join);
-    // Partitioned: each partition's hash join sees about 1/P of the build keys over the same range.
     let partitions = if collect_left {
         1
     } else {
         join.left().output_partitioning().partition_count()
     };
-    if costing.yield_to_array_map && vanilla_uses_array_map(join, &handle, partitions, costing) {
+    if costing.yield_to_array_map && vanilla_uses_array_map(vanilla, key, &handle, costing) {
         return unpriced("DataFusion runs this join with its dense-integer ArrayMap, one array read per row".into());
     }
     // One for one, a `Partitioned` join builds a slot table per partition, each sized by the
