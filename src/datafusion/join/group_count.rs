@@ -72,7 +72,11 @@ fn column_distinct(plan: &Arc<dyn ExecutionPlan>, col: usize) -> Option<f64> {
     let (leaf, leaf_col) = scan_column(plan, col)?;
     let (distinct, rows) = match file_sample_key(&leaf, leaf_col) {
         Some(key) => {
-            if let Some(&counted) = lock_file_samples().get(&key) {
+            // The lookup's guard must drop before the insert locks again: a guard in an
+            // `if let` scrutinee lives through the `else` branch (edition 2021), which would
+            // wait on itself.
+            let kept = lock_file_samples().get(&key).copied();
+            if let Some(counted) = kept {
                 counted
             } else {
                 let counted = sampled_distinct(&leaf, leaf_col);
@@ -313,6 +317,43 @@ mod tests {
         assert_eq!(estimates.datafusion_rows(&leaf), Some(12_345.0));
         let other = scan(500, 7);
         assert_eq!(estimates.datafusion_rows(&other), Some(500.0));
+    }
+
+    /// A Parquet scan's count is kept by file: asked twice, the first answer is computed and
+    /// kept, the second read back (the first once waited forever on its own lock).
+    #[test]
+    fn a_file_scans_count_is_kept_and_read_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("repeated.parquet");
+        let batch = scan(20_000, 10)
+            .execute(0, Arc::new(Default::default()))
+            .expect("stream");
+        let batches: Vec<RecordBatch> =
+            futures::executor::block_on(futures::TryStreamExt::try_collect(batch)).expect("batches");
+        let file = std::fs::File::create(&path).expect("file");
+        let mut writer =
+            ::datafusion::parquet::arrow::ArrowWriter::try_new(file, batches[0].schema(), None).expect("writer");
+        for b in &batches {
+            writer.write(b).expect("write");
+        }
+        writer.close().expect("close");
+        let (done, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().expect("runtime");
+            let leaf = runtime.block_on(async {
+                let ctx = ::datafusion::prelude::SessionContext::new();
+                let options = ::datafusion::prelude::ParquetReadOptions::default();
+                let frame = ctx.read_parquet(path.to_str().expect("path"), options).await?;
+                frame.create_physical_plan().await
+            });
+            let leaf = leaf.expect("plan");
+            let counts = (column_distinct(&leaf, 0), column_distinct(&leaf, 0));
+            let _ = done.send(counts);
+        });
+        let counts = answer
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the count of a file scan answers");
+        assert_eq!(counts, (Some(20.0), Some(20.0)));
     }
 
     #[test]
