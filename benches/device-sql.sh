@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -25,10 +25,40 @@ if [ "$PART" = sf1 ]; then
 fi
 
 if [ "$PART" = tpch10 ]; then
-  # Issue 23: TPC-H Q1–Q22 at SF 10 in memory, 16 partitions, `auto` placement, one process
-  # (a device call holds one; run it once per process wanted).
-  log "bench tpch SF 10, 16 partitions"
-  timeout 560 "$BIN" bench tpch --scale 10 --runs 3 --markdown > "$OUT/tpch_sf10_p16.md" 2> "$OUT/tpch_sf10_p16.err"
+  # Issue 23: TPC-H Q1–Q22 at SF 10 in memory, 16 partitions, `auto` placement, in PROCS
+  # processes (default 1; three fit in one device call), then Q17's plan with its metrics
+  # (eight files at most come back from a device call: the processes share one log).
+  for p in $(seq 1 "${PROCS:-1}"); do
+    log "bench tpch SF 10, 16 partitions, process $p"
+    timeout 300 "$BIN" bench tpch --scale 10 --runs 3 --markdown > "$OUT/tpch_sf10_p16_$p.md" 2>> "$OUT/tpch_sf10_p16.err"
+  done
+  log "bench tpch SF 10, Q17, EXPLAIN ANALYZE"
+  timeout 120 "$BIN" bench tpch --scale 10 --runs 1 --explain --only 17 > /dev/null 2> "$OUT/tpch_sf10_q17_explain.txt"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = tpch10why ]; then
+  # Issue 23: the SF 10 queries below 0.95× (Q17's GPU placement; Q10, Q13, Q14, Q16), with
+  # EXPLAIN ANALYZE under `auto`, and Q17 with the aggregate kept on the CPU.
+  log "bench tpch SF 10, EXPLAIN ANALYZE of the slow queries, auto"
+  timeout 300 "$BIN" bench tpch --scale 10 --runs 3 --markdown --explain --only 17 --only 10 --only 13 \
+    --only 14 --only 16 > "$OUT/tpch_sf10_why.md" 2> "$OUT/tpch_sf10_why.err"
+  log "bench tpch SF 10, Q17, aggregate_device=cpu"
+  timeout 200 "$BIN" bench tpch --scale 10 --runs 3 --markdown --only 17 --set mphf.aggregate_device=cpu \
+    > "$OUT/tpch_sf10_q17_cpu.md" 2>&1
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = q17 ]; then
+  # Issue 23: Q17 at SF 10 with its GROUP BY l_partkey on the CPU (per partition: a partitioned
+  # join above needs the hash partitioning) and with the aggregate rule off, EXPLAIN ANALYZE.
+  for set in mphf.aggregate_device=cpu mphf.enable_aggregate=false; do
+    log "bench tpch SF 10, Q17, $set"
+    timeout 200 "$BIN" bench tpch --scale 10 --runs 5 --markdown --explain --only 17 --set $set \
+      > "$OUT/q17_${set//[.=]/_}.md" 2> "$OUT/q17_${set//[.=]/_}.err"
+  done
   log "done"
   exit 0
 fi

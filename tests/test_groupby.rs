@@ -630,6 +630,49 @@ async fn range_form_counts_its_slots_once() {
     }
 }
 
+/// A partial left per partition (a partitioned join above needs the aggregate's hash
+/// partitioning, which the slot-range merge breaks) over an unclustered key whose rows are
+/// mostly distinct in DataFusion's skip probe is declined: DataFusion's own partial hands its
+/// rows on, and ours would add its groups to the final aggregation's work (TPC-H Q17 at SF 10).
+/// With the probe off, DataFusion's partial aggregates too, and the same node is taken.
+#[tokio::test]
+async fn unmerged_partials_give_way_where_datafusion_skips_its_partial() {
+    let ctx = MphfContext::with_config(SessionConfig::new().with_target_partitions(2).with_batch_size(1024));
+    for sql in [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        "SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 1000",
+        "CREATE TABLE u AS SELECT value * 7919 % 20000 AS k, value AS v FROM generate_series(0, 19999)",
+        "CREATE TABLE w AS SELECT value * 3 AS k, value AS x FROM generate_series(0, 9999)",
+        "CREATE INDEX u_k ON u USING mphf (k)",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    ctx.tune(|t| t.aggregate_min_slots = 0);
+    let sql = "SELECT a.k, a.c, a.s, w.x FROM (SELECT k, count(*) AS c, sum(v) AS s FROM u GROUP BY k) a \
+               JOIN w ON a.k = w.k";
+    assert!(!compare(&ctx, sql).await, "declined while DataFusion skips its partial");
+    let (_, plan) = run(&ctx, sql).await;
+    assert!(plan.contains("HashJoinExec: mode=Partitioned"), "{plan}");
+    let declined = plan
+        .lines()
+        .find(|l| l.contains("MphfDeclined"))
+        .unwrap_or_else(|| panic!("no decline in\n{plan}"));
+    assert!(
+        declined.contains(
+            "reason=the slot-range merge breaks a distribution or ordering a node above requires; \
+             per partition: DataFusion's hash aggregation is estimated cheaper, cost="
+        ),
+        "{declined}"
+    );
+    ctx.sql("SET datafusion.execution.skip_partial_aggregation_probe_ratio_threshold = 1.0")
+        .await
+        .unwrap();
+    assert!(compare(&ctx, sql).await, "taken while DataFusion's partial aggregates");
+    let (_, plan) = run(&ctx, sql).await;
+    assert!(operator_line(&plan).contains("mode=Partial"), "{plan}");
+}
+
 /// The extension has nine settings, all listed under their `mphf.` names by `SHOW ALL` and
 /// `information_schema.df_settings`; a name that used to be a setting is refused with its
 /// replacement; `mphf.costing` decides whether the thresholds apply.

@@ -153,16 +153,21 @@ fn aggregate_reason(
     Ok(match aggregate::decide(agg, costing, true, estimates)? {
         Decision::NotCandidate => None,
         Decision::Declined(declined) => Some(declined),
-        // Admitted only as the partial of a range-form merge that no final aggregate made, or
-        // kept because the slot-range merge broke a requirement above and the per-partition
-        // form was declined.
-        Decision::Replaced(exec) => Some(Declined::new(
-            match exec.needs_merge() {
-                true => "its slot arrays fit only in the range form, and no final aggregate above merges it".into(),
-                false => "the slot-range merge breaks a distribution or ordering a node above requires".into(),
-            },
-            exec.estimate(),
-        )),
+        // Admitted only as the partial of a merged node that no final aggregate made, or kept
+        // because the slot-range merge broke a requirement above: the per-partition form was
+        // declined, and why.
+        Decision::Replaced(exec) => {
+            let why = match exec.needs_merge() {
+                true => "admitted only as the partial of a merged node, and no final aggregate above merges it",
+                false => "the slot-range merge breaks a distribution or ordering a node above requires",
+            };
+            Some(match aggregate::decide(agg, costing, false, estimates)? {
+                Decision::Declined(unmerged) => {
+                    Declined::new(format!("{why}; per partition: {}", unmerged.reason), unmerged.estimate)
+                }
+                _ => Declined::new(why.into(), exec.estimate()),
+            })
+        }
     })
 }
 
@@ -205,7 +210,7 @@ impl PhysicalOptimizerRule for MphfExplainRule {
         let Some(t) = thresholds_for(cfg, config) else {
             return Ok(plan);
         };
-        let aggregates = cfg.enable_aggregate.then(|| aggregate::Costing::of(&t, cfg));
+        let aggregates = cfg.enable_aggregate.then(|| aggregate::Costing::of(&t, cfg, config));
         let joins = cfg.enable_join.then(|| join_rule::Costing::of(&t, config));
         // Top-down, so that each candidate is asked about with its original subtree (the rules'
         // walks do not know the annotation); `original` keeps every node of that plan alive for

@@ -248,6 +248,34 @@ mod tests {
         assert_eq!(gathered[1].as_primitive::<Int64Type>().value(1), 30);
     }
 
+    /// With several stored chunks, a row is compared with the chunk its group is stored in, and
+    /// a row that created its group in the batch matches its own values.
+    #[test]
+    fn rows_compare_with_the_chunk_their_group_is_stored_in() {
+        let mut deps = DepValues::new(vec![DataType::Utf8View]);
+        deps.register(0, Some(0)).unwrap();
+        let first = [strings(&[Some("ann")])];
+        assert!(deps.mismatched_rows(&first, &[0], |_| false).unwrap().is_empty());
+        deps.store_created(&first).unwrap();
+        deps.register(1, Some(0)).unwrap();
+        let second = [strings(&[Some("bob")])];
+        assert!(deps.mismatched_rows(&second, &[1], |_| false).unwrap().is_empty());
+        deps.store_created(&second).unwrap();
+        // Group 1 (stored second) and group 2, created by row 1 and repeated by row 3.
+        deps.register(2, Some(1)).unwrap();
+        let third = [strings(&[
+            Some("bob"),
+            Some("cy"),
+            Some("ann"),
+            Some("cy"),
+            Some("cyd"),
+        ])];
+        assert_eq!(
+            deps.mismatched_rows(&third, &[1, 2, 1, 2, 2], |_| false).unwrap(),
+            vec![2, 4]
+        );
+    }
+
     #[test]
     fn nested_values_are_compared_in_row_format() {
         let list = |v: Vec<Option<Vec<Option<i64>>>>| -> ArrayRef {

@@ -170,7 +170,7 @@ pub struct MphfAggregateExec {
     placement: Placement,
     /// The form of the merged node a final aggregate above may make of it (chosen by the rule).
     merge_form: MergeForm,
-    /// Admitted by the rule only as the partial of a range-form merge (see `rule`).
+    /// Admitted by the rule only as the partial of a merged node (see `rule`).
     needs_merge: bool,
     /// The rule's estimates (shown by `EXPLAIN`; `None` for a node made outside the rule).
     estimate: Option<Estimate>,
@@ -205,13 +205,13 @@ impl MphfAggregateExec {
         self.estimate
     }
 
-    /// The same node, marked as admitted only for a range-form merge.
+    /// The same node, marked as admitted only as the partial of a merged node.
     pub(super) fn needing_merge(mut self, needs_merge: bool) -> Self {
         self.needs_merge = needs_merge;
         self
     }
 
-    /// Admitted only for a range-form merge.
+    /// Admitted only as the partial of a merged node.
     pub(super) fn needs_merge(&self) -> bool {
         self.needs_merge
     }

@@ -93,7 +93,7 @@ use super::estimate::RowEstimator;
 use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup};
+use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup, PartialSkip};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
@@ -128,6 +128,8 @@ pub struct Costing {
     /// `Tuning::compare_costs`: decline a candidate whose estimate is above the hash
     /// aggregation's (off under `mphf.costing = always`).
     pub compare_costs: bool,
+    /// When DataFusion's own partial aggregation would hand its rows on unaggregated.
+    pub partial_skip: PartialSkip,
 }
 
 /// Default of `Tuning::aggregate_gpu_min_rows`: where, on the H200 host, the GPU placement
@@ -138,8 +140,9 @@ pub struct Costing {
 pub const GPU_MIN_ROWS: u64 = 1 << 22;
 
 impl Costing {
-    /// The aggregate rule's inputs from the session's thresholds `t` and settings `cfg`.
-    pub fn of(t: &Tuning, cfg: &MphfConfig) -> Self {
+    /// The aggregate rule's inputs from the session's thresholds `t`, settings `cfg` and
+    /// DataFusion options `options`.
+    pub fn of(t: &Tuning, cfg: &MphfConfig, options: &ConfigOptions) -> Self {
         Self {
             min_slots: t.aggregate_min_slots,
             min_rows_per_run: t.aggregate_min_rows_per_run,
@@ -151,6 +154,10 @@ impl Costing {
             gpu_emulation: t.gpu_emulation,
             model: t.costs.clone(),
             compare_costs: t.compare_costs,
+            partial_skip: PartialSkip {
+                probe_rows: options.execution.skip_partial_aggregation_probe_rows_threshold as f64,
+                ratio: options.execution.skip_partial_aggregation_probe_ratio_threshold,
+            },
         }
     }
 }
@@ -212,6 +219,7 @@ fn shape_of(
     lookup: Lookup,
     rows: f64,
     slot_arrays: usize,
+    device_calls: usize,
 ) -> AggregateShape {
     let index = handle.index();
     let schema = agg.input_schema();
@@ -239,6 +247,7 @@ fn shape_of(
         rows_per_run: handle.info().rows_per_run.unwrap_or(1.0),
         values: args.len(),
         upload_bytes_per_row: index.key_type().width().unwrap_or(8) as f64 + value_bytes,
+        device_calls,
     }
 }
 
@@ -344,9 +353,30 @@ pub(crate) fn decide(
     let range_form =
         merge && *agg.mode() == AggregateMode::Partial && takes_range_form(&handle, agg.input(), estimates);
     let lookup = lookup_of(&handle, key_is_slot, scan_slots.is_some() || reads_row_slots);
-    let shape = shape_of(agg, &handle, lookup, rows, if range_form { 1 } else { partitions });
+    // The GPU makes one call when the partials are merged, else one per input partition.
+    let slot_arrays = if range_form { 1 } else { partitions };
+    let shape = shape_of(
+        agg,
+        &handle,
+        lookup,
+        rows,
+        slot_arrays,
+        if merge { 1 } else { partitions },
+    );
     let model = &costing.model;
-    let (cpu_ns, hash_ns) = (model.slot_aggregate_ns(&shape), model.hash_aggregate_ns(&shape));
+    let hash_ns = model.hash_aggregate_ns(&shape);
+    // Left per partition, a partial's groups are merged by DataFusion's final aggregation. Where
+    // DataFusion's own partial would skip (its rows mostly distinct), vanilla's final takes
+    // every row, which `hash_ns` prices, and ours adds the merge of our groups on top; where it
+    // aggregates, both finals merge about as many rows.
+    let unmerged_extra_ns = match *agg.mode() == AggregateMode::Partial && costing.partial_skip.skips(&shape) {
+        true => model.final_aggregate_ns(&shape, model.partial_output_rows(&shape)),
+        false => 0.0,
+    };
+    let cpu_ns = model.slot_aggregate_ns(&shape) + if merge { 0.0 } else { unmerged_extra_ns };
+    // Priced as merged, a per-partition node whose partials would not pay unmerged is decided
+    // again if no final aggregate takes it into a merged node (see `unmerged_redecided`).
+    let unmerged_loses = merge && !range_form && costing.compare_costs && cpu_ns + unmerged_extra_ns > hash_ns;
     // Shown only: asking whether the GPU is usable would start it (a large share of a second)
     // while planning a node that may not run there.
     let gpu_ns = (costing.device != Device::Cpu && crate::placement::gpu_may_be_usable())
@@ -367,8 +397,15 @@ pub(crate) fn decide(
                 other_device_ns: Some(cpu_ns),
                 on_gpu: true,
             };
+            // Priced as merged: if no final aggregate takes it into a merged node, it is
+            // decided again per partition (see `unmerged_redecided`), unless it pays so too.
+            let per_partition = AggregateShape {
+                device_calls: partitions,
+                ..shape.clone()
+            };
             let exec = MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos)
                 .with_placement(placement)
+                .needing_merge(merge && !model.gpu_pays(&per_partition))
                 .with_estimate(Some(estimate));
             return Ok(Decision::Replaced(exec));
         }
@@ -409,9 +446,9 @@ pub(crate) fn decide(
     if costing.compare_costs && cpu_ns > hash_ns {
         return declined("DataFusion's hash aggregation is estimated cheaper".into());
     }
-    // Admitted only as the range form: reverted by [`unmerged_reverted`] when no final
-    // aggregate takes it into a merged node.
-    let needs_merge = range_form && !slot_entries_fit(limit, true);
+    // Admitted only as the range form, or only where merged: reverted by
+    // [`unmerged_redecided`] when no final aggregate takes it into a merged node.
+    let needs_merge = (range_form && !slot_entries_fit(limit, true)) || unmerged_loses;
     let form = if range_form {
         MergeForm::Ranges
     } else {
@@ -436,14 +473,24 @@ impl MphfAggregateRule {
     }
 }
 
-/// `plan` with every per-partition node that was admitted only for the range form, but was
-/// not merged, put back to the aggregate it replaced.
-fn unmerged_reverted(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| match node.downcast_ref::<MphfAggregateExec>() {
-        Some(exec) if exec.needs_merge() => {
-            Ok(Transformed::yes(Arc::clone(exec.aggregate()) as Arc<dyn ExecutionPlan>))
+/// `plan` with every per-partition node that was admitted only as part of a merged node, but
+/// was not merged, decided again: a device placement as one per-partition node (its calls then
+/// run one per partition); a CPU node (the range form, or partials that lose unmerged) put back
+/// to the aggregate it replaced.
+fn unmerged_redecided(plan: Arc<dyn ExecutionPlan>, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
+    // The caller holds the plan for the whole pass: the estimator's node addresses stay valid.
+    let estimates = RowEstimator::new();
+    plan.transform_up(|node| {
+        let Some(exec) = node.downcast_ref::<MphfAggregateExec>().filter(|e| e.needs_merge()) else {
+            return Ok(Transformed::no(node));
+        };
+        let replaced = Arc::clone(exec.aggregate());
+        if matches!(exec.placement(), Placement::Device(_)) {
+            if let Decision::Replaced(again) = decide(&replaced, costing, false, &estimates)? {
+                return Ok(Transformed::yes(Arc::new(again) as Arc<dyn ExecutionPlan>));
+            }
         }
-        _ => Ok(Transformed::no(node)),
+        Ok(Transformed::yes(replaced as Arc<dyn ExecutionPlan>))
     })
     .data()
 }
@@ -581,9 +628,9 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         let Some(t) = thresholds_for(cfg, config).filter(|_| cfg.enable_aggregate) else {
             return Ok(plan);
         };
-        let costing = Costing::of(&t, cfg);
+        let costing = Costing::of(&t, cfg, config);
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
-        let merged = unmerged_reverted(merged)?;
+        let merged = unmerged_redecided(merged, &costing)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above
         // relies on that (DataFusion's own sanity check of distributions and orderings). The
         // per-partition form keeps every property of the node it replaces: no check needed.

@@ -103,6 +103,11 @@ pub struct CostModel {
     pub slot_entry_ns: f64,
     /// The same once the arrays outgrow the cache (each entry is a memory access).
     pub slot_entry_uncached_ns: f64,
+    /// Our aggregation, per input row whose slot arrays outgrow the cache, times the share of
+    /// the arrays beyond it (divided by the key's rows per run): the row's group id and
+    /// accumulators sit at a random place of arrays over every slot, where a hash-partitioned
+    /// final aggregation holds only its partition's share of the groups.
+    pub slot_row_uncached_ns: f64,
     /// The last-level cache the slot arrays of all partitions compete for.
     pub cache_bytes: f64,
     /// A lookup that copies the scan's slot.
@@ -153,6 +158,7 @@ impl Default for CostModel {
             slot_probe_scattered_ns: 20.0,
             slot_entry_ns: 1.0,
             slot_entry_uncached_ns: 15.0,
+            slot_row_uncached_ns: 40.0,
             cache_bytes: 32.0 * 1024.0 * 1024.0,
             lookup_copied_ns: 1.0,
             lookup_dense_ns: 2.0,
@@ -198,6 +204,7 @@ macro_rules! for_each_constant {
             slot_probe_scattered_ns,
             slot_entry_ns,
             slot_entry_uncached_ns,
+            slot_row_uncached_ns,
             cache_bytes,
             lookup_copied_ns,
             lookup_dense_ns,
@@ -319,9 +326,6 @@ impl CostModel {
 
     /// Our aggregation of `shape` on the CPU.
     pub fn slot_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
-        let per_row = self.slot_row_ns
-            + self.slot_value_ns * shape.values as f64
-            + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run);
         // A slot → group id (4 bytes) and the states' share per slot, in every partition that
         // keeps arrays: they run at once and share the last-level cache.
         let array_bytes = shape.slot_entries() * (4.0 + 8.0 * shape.values.max(1) as f64);
@@ -329,17 +333,38 @@ impl CostModel {
             true => self.slot_entry_ns,
             false => self.slot_entry_uncached_ns,
         };
+        let missed_share = (1.0 - self.cache_bytes / array_bytes.max(1.0)).max(0.0);
+        let per_row = self.slot_row_ns
+            + self.slot_value_ns * shape.values as f64
+            + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run)
+            + self.slot_row_uncached_ns * missed_share / shape.rows_per_run.max(1.0);
         (shape.rows * per_row + shape.slot_entries() * per_entry) / shape.threads()
     }
 
+    /// Rows a per-partition partial aggregation of `shape` hands to the final aggregation:
+    /// each partition's distinct keys, its runs of equal keys drawn at random from the slots.
+    pub fn partial_output_rows(&self, shape: &AggregateShape) -> f64 {
+        let partitions = shape.threads();
+        let runs = shape.rows / partitions / shape.rows_per_run.max(1.0);
+        partitions * distinct_of(runs, shape.slots)
+    }
+
+    /// DataFusion's final aggregation of `rows` partial rows of `shape`'s key (hash-partitioned
+    /// on the key: each partition holds its share of the groups).
+    pub fn final_aggregate_ns(&self, shape: &AggregateShape, rows: f64) -> f64 {
+        self.hash_aggregate_ns(&AggregateShape { rows, ..shape.clone() })
+    }
+
     /// Our aggregation of `shape` on the GPU (wall time: the device and the host's per-slot work).
+    /// The calls run one after another, and each pays the fixed cost and a pass over every slot.
     pub fn gpu_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
         let upload = shape.rows * shape.upload_bytes_per_row / self.gpu_upload_bytes_per_ns;
         let key_hashing = match shape.key {
             KeyKind::Fixed => 0.0,
             KeyKind::Bytes => shape.rows * self.gpu_bytes_key_row_ns,
         };
-        self.gpu_call_ns + upload + key_hashing + shape.slots * self.gpu_slot_ns
+        let per_call = self.gpu_call_ns + shape.slots * self.gpu_slot_ns;
+        shape.device_calls.max(1) as f64 * per_call + upload + key_hashing
     }
 
     /// Whether the GPU placement pays for `shape`: its estimate, with the margin, below both
@@ -422,6 +447,42 @@ pub struct AggregateShape {
     pub values: usize,
     /// Bytes per row the GPU placement uploads (key and value columns).
     pub upload_bytes_per_row: f64,
+    /// Calls the GPU placement makes, one after another: 1 when the partials are merged (one
+    /// call over every input partition), else one per input partition, each with its own
+    /// per-slot results.
+    pub device_calls: usize,
+}
+
+/// Expected distinct values among `draws` drawn uniformly at random from `values`.
+fn distinct_of(draws: f64, values: f64) -> f64 {
+    match values > 0.0 {
+        true => values * -(-draws / values).exp_m1(),
+        false => 0.0,
+    }
+}
+
+/// DataFusion's check that turns a partial hash aggregation into a pass-through: after
+/// `probe_rows` input rows of a partition it compares the groups seen with the rows, and above
+/// `ratio` it stops aggregating and hands every row to the final aggregation
+/// (`datafusion.execution.skip_partial_aggregation_probe_*_threshold`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PartialSkip {
+    /// Rows of a partition before the check.
+    pub probe_rows: f64,
+    /// Groups per row above which the partial aggregation is skipped (1 or more: never).
+    pub ratio: f64,
+}
+
+impl PartialSkip {
+    /// Whether DataFusion's partial aggregation of `shape` would skip: the key's runs, drawn at
+    /// random from the slots, are mostly distinct in the probe's rows.
+    pub fn skips(&self, shape: &AggregateShape) -> bool {
+        if self.ratio >= 1.0 || self.probe_rows <= 0.0 {
+            return false;
+        }
+        let runs = self.probe_rows / shape.rows_per_run.max(1.0);
+        distinct_of(runs, shape.slots) / self.probe_rows > self.ratio
+    }
 }
 
 impl AggregateShape {
@@ -536,6 +597,7 @@ mod tests {
             rows_per_run,
             values,
             upload_bytes_per_row: 8.0 + 16.0 * values as f64,
+            device_calls: 1,
         }
     }
 
@@ -588,6 +650,35 @@ mod tests {
         assert!(model.slot_aggregate_ns(&l_partkey_sf1) < model.hash_aggregate_ns(&l_partkey_sf1));
         assert!(model.gpu_pays(&shape(6e7, 2e6, 1.0, 1)), "l_partkey SF 10");
         assert!(!model.gpu_pays(&shape(1.5e7, 1.5e7, 1.0, 2)), "o_orderkey SF 10");
+        // Q17's GROUP BY l_partkey at SF 10 left unmerged (a partitioned join above needs its
+        // hash partitioning): 16 calls, each over every slot, ran 0.51× vanilla.
+        let unmerged = AggregateShape {
+            device_calls: 16,
+            ..shape(6e7, 2e6, 1.0, 1)
+        };
+        assert!(!model.gpu_pays(&unmerged), "l_partkey SF 10, per partition");
+    }
+
+    /// Q17's GROUP BY l_partkey at SF 10 on 16 partitions, left per partition under a
+    /// partitioned join (benches/RESULTS.md, "Q17 at SF 10"): DataFusion's partial skipped
+    /// (58 M of 60 M rows passed on), and ours, 2 M-slot arrays in every partition, ran 0.77×.
+    /// Clustered l_orderkey keeps DataFusion's partial aggregating.
+    #[test]
+    fn unmerged_partials_pay_the_final_merge_where_datafusion_skips() {
+        let model = CostModel::default();
+        let skip = PartialSkip {
+            probe_rows: 100_000.0,
+            ratio: 0.8,
+        };
+        let l_partkey = shape(6e7, 2e6, 1.0, 1);
+        assert!(skip.skips(&l_partkey));
+        assert!(!skip.skips(&shape(6e7, 1.5e7, 4.0, 1)), "l_orderkey");
+        assert!(!skip.skips(&shape(6e6, 5e4, 1.0, 1)), "50 K slots");
+        assert!(!PartialSkip { ratio: 1.0, ..skip }.skips(&l_partkey), "skipping off");
+        let output = model.partial_output_rows(&l_partkey);
+        assert!((2.6e7..2.8e7).contains(&output), "27.1 M measured, {output}");
+        let unmerged = model.slot_aggregate_ns(&l_partkey) + model.final_aggregate_ns(&l_partkey, output);
+        assert!(unmerged > model.hash_aggregate_ns(&l_partkey));
     }
 
     /// On 2 partitions the slot arrays of GROUP BY l_orderkey at SF 1 stay small next to the
