@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17
+PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -59,6 +59,23 @@ if [ "$PART" = q17 ]; then
     timeout 200 "$BIN" bench tpch --scale 10 --runs 5 --markdown --explain --only 17 --set $set \
       > "$OUT/q17_${set//[.=]/_}.md" 2> "$OUT/q17_${set//[.=]/_}.err"
   done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = suites ]; then
+  # Issue 23: every row of `bench join` and `bench groupby` (SF 1, three processes each) and of
+  # the sparse-key suite (30 M rows, in memory and over Parquet, one process) on 16 cores. The
+  # processes append to one file per bench (eight files at most come back from a device call).
+  for p in 1 2 3; do
+    log "bench join SF 1, 16 partitions, process $p"
+    timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown >> "$OUT/join_sf1_p16.md" 2>> "$OUT/suites.err"
+    log "bench groupby SF 1, 16 partitions, process $p"
+    timeout 120 "$BIN" bench groupby --scale 1 --runs 5 --markdown >> "$OUT/groupby_sf1_p16.md" 2>> "$OUT/suites.err"
+  done
+  log "bench sparse, 30 M rows, 16 partitions"
+  timeout 240 "$BIN" bench sparse --rows 30000000 --runs 5 --parquet /tmp/sparse30m --markdown \
+    > "$OUT/sparse_30m_p16.md" 2>> "$OUT/suites.err"
   log "done"
   exit 0
 fi

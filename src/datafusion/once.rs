@@ -14,6 +14,15 @@
 //!   to the pool as soon as the streams that hold it finish. A later partition of the same
 //!   context then starts it again: correct, only slower, and no DataFusion parent does that.
 //!
+//! The shared work runs in a task of its own, spawned at its first poll, not inside the poll
+//! of the partition that started it. Where it finishes decides where the waiting partitions
+//! wake. Finished inside one partition's poll, it woke the others into that worker's LIFO slot,
+//! which no idle worker can steal from, and they waited there until the first partition used
+//! up its cooperative budget. Over two workers, one partition of a CPU-bound probe started late
+//! and the query ran about a quarter slower. Finished in its own task, it wakes them all from
+//! that task, so a second waiter goes to the stealable queue and each worker takes one.
+//! Dropping every waiter drops the task's handle, which aborts it.
+//!
 //! Invariant: the context is held as a `Weak`, so its allocation outlives the cache entry and
 //! its address cannot be reused by a later context while the entry exists.
 //!
@@ -22,6 +31,7 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+use ::datafusion::common::runtime::SpawnedTask;
 use ::datafusion::error::{DataFusionError, Result};
 use ::datafusion::execution::TaskContext;
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -73,7 +83,7 @@ impl<T: Send + Sync + 'static> OncePerExecution<T> {
             }
             return Ok(work);
         }
-        let work = start()?.map(|r| r.map_err(Arc::new)).boxed().shared();
+        let work = own_task(start()?).map(|r| r.map_err(Arc::new)).boxed().shared();
         *current = (partitions > 1).then(|| Entry {
             context: Arc::downgrade(context),
             work: work.clone(),
@@ -81,6 +91,15 @@ impl<T: Send + Sync + 'static> OncePerExecution<T> {
         });
         Ok(work)
     }
+}
+
+/// `work` run in a task of its own, spawned when the returned future is first polled (so inside
+/// the runtime that polls it), and aborted when that future is dropped.
+async fn own_task<T: Send + 'static>(work: BoxFuture<'static, Result<T>>) -> Result<T> {
+    SpawnedTask::spawn(work)
+        .join_unwind()
+        .await
+        .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?
 }
 
 #[cfg(test)]
@@ -151,6 +170,58 @@ mod tests {
         for work in [a, b] {
             let err = work.await.unwrap_err();
             assert_eq!(err.to_string(), "Execution error: build failed");
+        }
+    }
+
+    /// Two partitions wait for shared work that ends with CPU work of its own; then each spins,
+    /// without yielding, until it sees the other start. Had the work finished inside one
+    /// partition's poll, the other would sit in that worker's LIFO slot until the first yields,
+    /// which it never does here: both must run at once, on the runtime's two workers.
+    #[test]
+    fn waiting_partitions_run_at_once_when_the_work_finishes() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let once = Arc::new(OncePerExecution::<usize>::default());
+        let ctx = Arc::new(TaskContext::default());
+        let (go, ready) = tokio::sync::oneshot::channel::<()>();
+        let mut ready = Some(ready);
+        let started = Arc::new(AtomicUsize::new(0));
+        let partitions: Vec<_> = (0..2)
+            .map(|_| {
+                let work = once
+                    .get_or_start(&ctx, 2, || {
+                        let ready = ready.take().unwrap();
+                        Ok(async move {
+                            ready.await.ok();
+                            let until = std::time::Instant::now() + std::time::Duration::from_millis(20);
+                            while std::time::Instant::now() < until {
+                                std::hint::spin_loop();
+                            }
+                            Ok(Arc::new(7))
+                        }
+                        .boxed())
+                    })
+                    .unwrap();
+                let started = Arc::clone(&started);
+                runtime.spawn(async move {
+                    let value = *work.await.unwrap();
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                    while started.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < give_up {
+                        std::hint::spin_loop();
+                    }
+                    (value, started.load(Ordering::SeqCst))
+                })
+            })
+            .collect();
+        // Both partitions are waiting before the work may go on.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        go.send(()).unwrap();
+        for partition in partitions {
+            let (value, seen) = runtime.block_on(partition).unwrap();
+            assert_eq!((value, seen), (7, 2), "a partition ran alone while the other waited");
         }
     }
 }

@@ -66,9 +66,9 @@ pub(crate) struct RowEstimator {
     stats: StatisticsContext,
     /// [`RowEstimator::rows`] per node address.
     memo: RefCell<HashMap<usize, Option<f64>>>,
-    /// Every plan whose DataFusion statistics were asked: `stats` caches by node address, and
-    /// a held node is never freed, so no address is reused while the estimator lives, whatever
-    /// the pass builds and drops meanwhile (the join rule's candidate forms).
+    /// Every plan estimated or whose DataFusion statistics were asked: both caches key by node
+    /// address, and a held node is never freed, so no address is reused while the estimator
+    /// lives, whatever the pass builds and drops meanwhile (the join rule's candidate forms).
     held: RefCell<Vec<Arc<dyn ExecutionPlan>>>,
 }
 
@@ -94,12 +94,13 @@ impl RowEstimator {
     }
 
     /// Estimated output rows of `plan`, `None` when nothing is known.
-    pub(super) fn rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+    pub(crate) fn rows(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
         let key = Arc::as_ptr(plan) as *const () as usize;
         if let Some(&rows) = self.memo.borrow().get(&key) {
             return rows;
         }
         let rows = self.compute(plan);
+        self.held.borrow_mut().push(Arc::clone(plan));
         self.memo.borrow_mut().insert(key, rows);
         rows
     }

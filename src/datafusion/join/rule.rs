@@ -351,18 +351,18 @@ fn estimate_of(
 ) -> Estimate {
     let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
-    let build_rows = costing.rows.datafusion_rows(join.left()).unwrap_or(table_rows);
+    let build_rows = costing.rows.rows(join.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
-    let probe_rows = costing.rows.datafusion_rows(join.right()).unwrap_or(build_rows);
+    let probe_rows = costing.rows.rows(join.right()).unwrap_or(build_rows);
     let shape = JoinShape {
         build_rows,
         slots: handle.index().len() as f64,
         probe_rows,
-        hash_build_rows: costing.rows.datafusion_rows(vanilla.left()).unwrap_or(build_rows),
-        hash_probe_rows: costing.rows.datafusion_rows(vanilla.right()).unwrap_or(probe_rows),
+        hash_build_rows: costing.rows.rows(vanilla.left()).unwrap_or(build_rows),
+        hash_probe_rows: costing.rows.rows(vanilla.right()).unwrap_or(probe_rows),
         threads: join.right().output_partitioning().partition_count().max(1),
         key: match handle.index().key_type().width() {
             Some(_) => KeyKind::Fixed,
