@@ -183,7 +183,7 @@ mod tests {
             .worker_threads(2)
             .build()
             .unwrap();
-        let once = Arc::new(OncePerExecution::<usize>::default());
+        let once = OncePerExecution::<usize>::default();
         let ctx = Arc::new(TaskContext::default());
         let (go, ready) = tokio::sync::oneshot::channel::<()>();
         let mut ready = Some(ready);

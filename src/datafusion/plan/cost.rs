@@ -349,7 +349,7 @@ impl CostModel {
             true => self.slot_entry_ns,
             false => self.slot_entry_uncached_ns,
         };
-        let missed_share = (1.0 - self.cache_bytes / array_bytes.max(1.0)).max(0.0);
+        let missed_share = share_beyond(array_bytes, self.cache_bytes);
         let per_row = self.slot_row_ns
             + self.slot_value_ns * shape.values as f64
             + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run)
@@ -393,7 +393,7 @@ impl CostModel {
     /// The share of a DataFusion join hash table of `rows` build rows (integer key) beyond
     /// [`core_cache_bytes`](Self::core_cache_bytes).
     pub fn hash_table_missed_share(&self, rows: f64) -> f64 {
-        (1.0 - self.core_cache_bytes / (rows * HASH_TABLE_ROW_BYTES).max(1.0)).max(0.0)
+        share_beyond(rows * HASH_TABLE_ROW_BYTES, self.core_cache_bytes)
     }
 
     /// DataFusion's hash join of `shape`: per-partition builds run at once, a collected build
@@ -482,6 +482,12 @@ pub struct AggregateShape {
     /// call over every input partition), else one per input partition, each with its own
     /// per-slot results.
     pub device_calls: usize,
+}
+
+/// The share of `bytes` read at random that lies beyond a cache of `cache` bytes (0 while
+/// they fit).
+fn share_beyond(bytes: f64, cache: f64) -> f64 {
+    (1.0 - cache / bytes.max(1.0)).max(0.0)
 }
 
 /// Expected distinct values among `draws` drawn uniformly at random from `values`.
