@@ -63,6 +63,11 @@ pub struct SqlArgs {
     /// Plan with the cost constants `mphf calibrate` wrote to this file.
     #[arg(long, value_name = "FILE")]
     pub costs: Option<PathBuf>,
+    /// Run the statements on an in-memory cluster of N datafusion-distributed workers in this
+    /// process: every stage is encoded, sent over gRPC on an in-process stream and decoded by
+    /// a worker, as between machines (0: one process, no cluster).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub workers: usize,
 }
 
 /// A session with or without the extension.
@@ -217,11 +222,25 @@ fn session(args: &SqlArgs) -> Result<Session> {
         .with_default_features()
         .with_config(config)
         .with_runtime_env(runtime.build_arc()?);
-    Ok(if args.no_mphf {
-        Session::Plain(SessionContext::new_with_state(state.build()))
-    } else {
-        Session::Mphf(MphfContext::with_state_builder(state))
+    Ok(match (args.no_mphf, args.workers) {
+        (true, 0) => Session::Plain(SessionContext::new_with_state(state.build())),
+        (true, _) => return Err(anyhow!("--workers runs the MPHF extension's cluster; drop --no-mphf")),
+        (false, 0) => Session::Mphf(MphfContext::with_state_builder(state)),
+        (false, n) => Session::Mphf(cluster(n, state)?),
     })
+}
+
+#[cfg(feature = "distributed")]
+fn cluster(workers: usize, state: SessionStateBuilder) -> Result<MphfContext> {
+    let state = crate::datafusion::distributed::InMemoryCluster::new(workers).start(state)?;
+    Ok(MphfContext::with_state_builder(state))
+}
+
+#[cfg(not(feature = "distributed"))]
+fn cluster(_workers: usize, _state: SessionStateBuilder) -> Result<MphfContext> {
+    Err(anyhow!(
+        "--workers needs the `distributed` feature; build with the default features"
+    ))
 }
 
 /// Runs `mphf sql`.

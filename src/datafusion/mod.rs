@@ -16,7 +16,7 @@
 //!
 //! Module map: [`udf`] (the function and how it finds its index), [`table`] (`MphfTable`),
 //! [`registry`] (live indexes, the session registry, the hook for optimizer rules),
-//! [`context`] (statement execution), [`install`] (the index installation pipeline), [`once`] (work shared by the partitions of one execution), [`compact_views`] (sparse view columns copied before an operator emits them), [`statements`] (parsing), [`persist`] (saved indexes and
+//! [`context`] (statement execution), [`distributed`] (plans on datafusion-distributed workers: codec, index identity, in-memory cluster), [`install`] (the index installation pipeline), [`once`] (work shared by the partitions of one execution), [`compact_views`] (sparse view columns copied before an operator emits them), [`statements`] (parsing), [`persist`] (saved indexes and
 //! fingerprints), [`config`] (`mphf.*` options), [`error`] (error mapping), [`union_labels`] (UNIONs of
 //! differently indexed inputs), and the operators:
 //! [`aggregate`] (`MphfAggregateExec`, GROUP BY on slots) and [`join`] (`MphfJoinExec`, hash
@@ -26,6 +26,8 @@ pub mod aggregate;
 pub mod compact_views;
 pub mod config;
 pub mod context;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 pub mod error;
 pub mod explain;
 pub mod install;

@@ -134,12 +134,40 @@ static PROCESS_NONCE: LazyLock<u64> = LazyLock::new(|| {
     xxhash_rust::xxh3::xxh3_64(&seed)
 });
 
-/// The index id of a label made by [`IndexHandle::label`] in this process, or `None`.
+/// The index id of a label made by [`IndexHandle::label`] in this process, or of a label of
+/// another process that [`alias_label`] tied to an index of this one; `None` otherwise.
 pub fn id_of_label(value: &str) -> Option<u64> {
     let (nonce, id) = value.split_once(':')?;
-    (u64::from_str_radix(nonce, 16).ok()? == *PROCESS_NONCE)
-        .then(|| id.parse().ok())
-        .flatten()
+    if u64::from_str_radix(nonce, 16).ok()? == *PROCESS_NONCE {
+        return id.parse().ok();
+    }
+    ALIASES
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(value)
+        .copied()
+}
+
+/// Labels of other processes (a distributed query's coordinator) and the ids of the indexes
+/// of this process that a worker opened for them after checking their fingerprints (see
+/// `distributed`). Plans sent by a coordinator carry its labels in their schemas; this table
+/// lets them resolve here without rewriting any schema.
+static ALIASES: LazyLock<RwLock<HashMap<String, u64>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
+
+/// Makes `label` (made by another process) resolve to `handle`. Entries of dropped indexes are
+/// removed on the way. A label of this process is never aliased: it names its own index.
+#[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+pub(crate) fn alias_label(label: &str, handle: &IndexHandle) {
+    let ours = label
+        .split_once(':')
+        .and_then(|(nonce, _)| u64::from_str_radix(nonce, 16).ok())
+        .is_some_and(|nonce| nonce == *PROCESS_NONCE);
+    if ours {
+        return;
+    }
+    let mut aliases = ALIASES.write().unwrap_or_else(PoisonError::into_inner);
+    aliases.retain(|_, id| resolve_index(*id).is_some());
+    aliases.insert(label.to_string(), handle.id());
 }
 static LIVE: LazyLock<RwLock<HashMap<u64, Weak<IndexHandle>>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
 

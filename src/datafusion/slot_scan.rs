@@ -340,10 +340,47 @@ pub struct SlotScanExec {
 }
 
 impl SlotScanExec {
+    /// The Parquet scan it replaced.
+    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.scan
+    }
+
+    /// The schema of the relabel node it replaced: its own without the slot column.
+    pub fn relabel_schema(&self) -> Schema {
+        let fields = &self.schema.fields()[..self.schema.fields().len() - 1];
+        Schema::new_with_metadata(fields.to_vec(), self.schema.metadata().clone())
+    }
+
+    /// The labeled columns of the relabel node it replaced.
+    pub fn relabel_columns(&self) -> Vec<String> {
+        let schema = self.relabel_schema();
+        schema
+            .fields()
+            .iter()
+            .filter(|f| super::table::has_index_label(f))
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    /// The index whose slots it appends.
+    pub fn index(&self) -> &Arc<IndexHandle> {
+        &self.handle
+    }
+
+    /// Position of the key column.
+    pub fn key(&self) -> usize {
+        self.key
+    }
+
+    /// Whether rows with a slot are read with their key.
+    pub fn key_column(&self) -> KeyColumn {
+        self.key_column
+    }
+
     /// The slot scan replacing `relabel` (over a Parquet `DataSourceExec`), for the key column
     /// at `key`; `None` when the scan is of another kind, has a limit, or the index has no slot
     /// maps.
-    fn try_new(
+    pub(crate) fn try_new(
         relabel: &MphfRelabelExec,
         key: usize,
         handle: &Arc<IndexHandle>,

@@ -46,7 +46,7 @@ use ::datafusion::physical_plan::{
 use async_trait::async_trait;
 use futures::StreamExt;
 
-use super::registry::{IndexHandle, INDEX_METADATA_KEY};
+use super::registry::{index_of_field, IndexHandle, INDEX_METADATA_KEY};
 use super::udf::mphf_index::MPHF_INDEX_NAME;
 
 /// A table provider that owns MPHF indexes on some columns of an inner provider.
@@ -243,7 +243,25 @@ impl MphfRelabelExec {
         )?))
     }
 
-    fn with_schema(input: Arc<dyn ExecutionPlan>, schema: SchemaRef, columns: Vec<String>) -> Result<Self> {
+    /// The indexed columns' names.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// The live indexes the output schema's labels name, once each.
+    pub fn indexes(&self) -> Vec<Arc<IndexHandle>> {
+        let mut out: Vec<Arc<IndexHandle>> = Vec::new();
+        for handle in self.schema.fields().iter().filter_map(|f| index_of_field(f)) {
+            if !out.iter().any(|h| h.id() == handle.id()) {
+                out.push(handle);
+            }
+        }
+        out
+    }
+
+    /// `input` with `schema` (its schema with labels set) as output schema, for the `columns`
+    /// named (a plan decoded on a worker gets the coordinator's node back this way).
+    pub(crate) fn with_schema(input: Arc<dyn ExecutionPlan>, schema: SchemaRef, columns: Vec<String>) -> Result<Self> {
         let mut props = input.properties().as_ref().clone();
         let eq = props.eq_properties.clone().with_new_schema(Arc::clone(&schema))?;
         props.set_eq_properties(eq);

@@ -117,6 +117,11 @@ impl SlotMaps {
         self.files.get(path)
     }
 
+    /// The canonical paths of the files, in order.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.keys().map(PathBuf::as_path)
+    }
+
     /// Number of files.
     pub fn file_count(&self) -> usize {
         self.files.len()

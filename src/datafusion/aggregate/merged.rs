@@ -80,11 +80,20 @@ pub enum MergeForm {
 }
 
 impl MergeForm {
-    fn name(self) -> &'static str {
+    /// The form's name in `EXPLAIN` (and in encoded plans).
+    pub(crate) fn name(self) -> &'static str {
         match self {
             MergeForm::Partials => "partials",
             MergeForm::Ranges => "ranges",
         }
+    }
+
+    /// The form named `name` (see [`MergeForm::name`]).
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+    pub(crate) fn parse(name: &str) -> Option<MergeForm> {
+        [MergeForm::Partials, MergeForm::Ranges]
+            .into_iter()
+            .find(|f| f.name() == name)
     }
 }
 
@@ -172,6 +181,42 @@ impl MphfMergedAggregateExec {
     pub fn with_form(mut self, form: MergeForm) -> Self {
         self.form = form;
         self
+    }
+
+    /// The replaced partial aggregate.
+    pub fn partial(&self) -> &Arc<AggregateExec> {
+        &self.partial
+    }
+
+    /// The replaced final aggregate.
+    pub fn final_aggregate(&self) -> &Arc<AggregateExec> {
+        &self.final_agg
+    }
+
+    /// The index used.
+    pub fn index(&self) -> &Arc<IndexHandle> {
+        &self.index
+    }
+
+    /// Position of the indexed key among the group expressions.
+    pub fn key_pos(&self) -> usize {
+        self.key_pos
+    }
+
+    /// Where the partials run.
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
+    pub(crate) fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The form the rule chose (what runs on the CPU placement, see [`Self::form`]).
+    pub fn chosen_form(&self) -> MergeForm {
+        self.form
+    }
+
+    /// The rule's estimates.
+    pub fn estimate(&self) -> Option<Estimate> {
+        self.estimate
     }
 
     /// The form that runs: `Ranges` only on the CPU.

@@ -206,24 +206,24 @@ impl MphfAggregateExec {
     }
 
     /// The same node, marked as admitted only as the partial of a merged node.
-    pub(super) fn needing_merge(mut self, needs_merge: bool) -> Self {
+    pub(crate) fn needing_merge(mut self, needs_merge: bool) -> Self {
         self.needs_merge = needs_merge;
         self
     }
 
     /// Admitted only as the partial of a merged node.
-    pub(super) fn needs_merge(&self) -> bool {
+    pub(crate) fn needs_merge(&self) -> bool {
         self.needs_merge
     }
 
     /// The same node, to be merged in `form`.
-    pub(super) fn with_merge_form(mut self, form: MergeForm) -> Self {
+    pub(crate) fn with_merge_form(mut self, form: MergeForm) -> Self {
         self.merge_form = form;
         self
     }
 
     /// The form of a merge of this node.
-    pub(super) fn merge_form(&self) -> MergeForm {
+    pub(crate) fn merge_form(&self) -> MergeForm {
         self.merge_form
     }
 

@@ -94,6 +94,7 @@ use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup, PartialSkip};
+use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::plan::sanity::rewrite_is_sane;
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
@@ -130,6 +131,9 @@ pub struct Costing {
     pub compare_costs: bool,
     /// When DataFusion's own partial aggregation would hand its rows on unaggregated.
     pub partial_skip: PartialSkip,
+    /// The plan is cut into stages for datafusion-distributed workers (`plan::runs_distributed`):
+    /// no slot-map scan, which the distributed planner cannot split over tasks.
+    pub distributed: bool,
 }
 
 /// Default of `Tuning::aggregate_gpu_min_rows`: where, on the H200 host, the GPU placement
@@ -158,6 +162,7 @@ impl Costing {
                 probe_rows: options.execution.skip_partial_aggregation_probe_rows_threshold as f64,
                 ratio: options.execution.skip_partial_aggregation_probe_ratio_threshold,
             },
+            distributed: runs_distributed(options),
         }
     }
 }
@@ -312,7 +317,7 @@ pub(crate) fn decide(
         });
     };
     // Over a Parquet table with slot maps the scan hands over every row's slot: no lookup.
-    let scan_slots = if key_is_slot {
+    let scan_slots = if key_is_slot || costing.distributed {
         None
     } else {
         match agg.group_expr().expr()[key_pos].0.downcast_ref::<Column>() {
@@ -629,6 +634,10 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
             return Ok(plan);
         };
         let costing = Costing::of(&t, cfg, config);
+        // Stages split over tasks: each task would merge its own share of the partials.
+        if costing.distributed {
+            return Ok(rewrite(plan, false, &costing)?.0);
+        }
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
         let merged = unmerged_redecided(merged, &costing)?;
         // The merged form is not hash partitioned on the key; keep it only when no node above

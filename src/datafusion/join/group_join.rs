@@ -172,6 +172,16 @@ fn remap(
 }
 
 impl MphfGroupJoinExec {
+    /// The replaced partial aggregate.
+    pub fn aggregate(&self) -> &Arc<AggregateExec> {
+        &self.agg
+    }
+
+    /// The join whose pairs it aggregates.
+    pub fn join(&self) -> &MphfJoinExec {
+        &self.join
+    }
+
     /// The fused node for the partial aggregate `agg` when it reads an eligible
     /// [`MphfJoinExec`] (see the module docs), `None` otherwise. `estimates` are the row
     /// estimates of the optimizer pass asking.
@@ -179,6 +189,31 @@ impl MphfGroupJoinExec {
     /// # Errors
     /// Expression rewriting errors.
     pub(crate) fn try_fuse(agg: &Arc<AggregateExec>, estimates: &RowEstimator) -> Result<Option<Self>> {
+        let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
+            return Ok(None);
+        };
+        let hash_join = join.join();
+        // The build rows' groups are found on one thread while the probe partitions wait: that
+        // pass pays when it is no longer than one partition's share of the probe rows.
+        let partitions = hash_join.right().output_partitioning().partition_count().max(1) as f64;
+        if let (Some(build), Some(probe)) = (
+            estimates.datafusion_rows(hash_join.left()),
+            estimates.datafusion_rows(hash_join.right()),
+        ) {
+            if build * partitions > probe {
+                return Ok(None);
+            }
+        }
+        Self::fuse(agg)
+    }
+
+    /// The fused node for the partial aggregate `agg` over an eligible [`MphfJoinExec`],
+    /// whatever the row counts (a plan decoded on a worker, fused on the coordinator); `None`
+    /// when the shapes do not allow it.
+    ///
+    /// # Errors
+    /// Expression rewriting errors.
+    pub(crate) fn fuse(agg: &Arc<AggregateExec>) -> Result<Option<Self>> {
         let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
             return Ok(None);
         };
@@ -195,17 +230,6 @@ impl MphfGroupJoinExec {
                 .any(|a| a.is_distinct() || !a.order_bys().is_empty())
         {
             return Ok(None);
-        }
-        // The build rows' groups are found on one thread while the probe partitions wait: that
-        // pass pays when it is no longer than one partition's share of the probe rows.
-        let partitions = hash_join.right().output_partitioning().partition_count().max(1) as f64;
-        if let (Some(build), Some(probe)) = (
-            estimates.datafusion_rows(hash_join.left()),
-            estimates.datafusion_rows(hash_join.right()),
-        ) {
-            if build * partitions > probe {
-                return Ok(None);
-            }
         }
         let (_, columns) = build_join_schema(
             &hash_join.left().schema(),

@@ -89,7 +89,7 @@ use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
-use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
+use crate::datafusion::plan::{runs_distributed, thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{hands_table_arrays, scan_slots_position};
 use crate::datafusion::table::MphfRelabelExec;
@@ -124,6 +124,8 @@ pub(crate) struct Costing {
     compare_costs: bool,
     /// Row estimates (DataFusion's), memoized for the pass that made this costing.
     rows: Rc<RowEstimator>,
+    /// The plan is cut into stages for datafusion-distributed workers (no collect form).
+    distributed: bool,
 }
 
 impl Costing {
@@ -140,12 +142,13 @@ impl Costing {
             model: t.costs.clone(),
             compare_costs: t.compare_costs,
             rows: Rc::new(RowEstimator::new()),
+            distributed: runs_distributed(config),
         }
     }
 
     /// Whether a `Partitioned` join with `probe_partitions` may run in a collect form.
     fn collect_allowed(&self, probe_partitions: usize) -> bool {
-        self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions
+        !self.distributed && (self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions)
     }
 }
 
@@ -417,6 +420,13 @@ pub(crate) fn candidates(
     let rows_per_run = probe_rows_per_run(join, key);
     let per_row_lookup_pays = handle.index().dense_lookup_bytes() > 0 || rows_per_run >= costing.min_probe_rows_per_run;
     let collect_left = builds_once(join);
+    if collect_left && costing.distributed {
+        return unpriced(
+            "collect form in a distributed plan: datafusion-distributed broadcasts the build side of its own \
+             hash join only, and would run this one's stage in a single task"
+                .into(),
+        );
+    }
     let partitions = if collect_left {
         1
     } else {
@@ -432,6 +442,10 @@ pub(crate) fn candidates(
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
     // So does a build key with slot maps (copied, no lookup).
     let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
+        // The distributed planner cannot split a slot-map scan over tasks.
+        if costing.distributed {
+            return Ok(join);
+        }
         let join = with_probe_scan_slots(&join, key)?.unwrap_or(join);
         Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
     };

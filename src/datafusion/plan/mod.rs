@@ -30,6 +30,26 @@ pub fn thresholds_for(cfg: &MphfConfig, config: &ConfigOptions) -> Option<Tuning
     }
 }
 
+/// True when the session's plans are cut into stages for datafusion-distributed workers (its
+/// planner's options are set). The rules then keep to the forms a stage split over several
+/// tasks runs correctly and in parallel: no slot-range merge of all input partitions, no
+/// collect-form join (datafusion-distributed broadcasts the build side of its own hash join
+/// only, and would run ours in one task).
+pub fn runs_distributed(config: &ConfigOptions) -> bool {
+    #[cfg(feature = "distributed")]
+    {
+        config
+            .extensions
+            .get::<datafusion_distributed::DistributedConfig>()
+            .is_some()
+    }
+    #[cfg(not(feature = "distributed"))]
+    {
+        let _ = config;
+        false
+    }
+}
+
 /// A candidate the rules left to DataFusion: why, and the estimates where it was priced
 /// (shown by `EXPLAIN` on the `MphfDeclined` node over it).
 #[derive(Clone, Debug, PartialEq)]

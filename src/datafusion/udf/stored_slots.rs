@@ -43,6 +43,7 @@ use ::datafusion::physical_plan::ExecutionPlan;
 
 use super::mphf_index::MPHF_INDEX_NAME;
 use crate::datafusion::config::MphfConfig;
+use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::registry::index_of_field;
 use crate::datafusion::slot_scan::{attach_scan_slots, KeyColumn, SCAN_SLOTS_COLUMN};
 use crate::index::NO_SLOT;
@@ -187,7 +188,8 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
 
 impl PhysicalOptimizerRule for MphfStoredSlotsRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        if config.extensions.get::<MphfConfig>().is_none() {
+        // A slot-map scan cannot be split over distributed tasks (`plan::runs_distributed`).
+        if config.extensions.get::<MphfConfig>().is_none() || runs_distributed(config) {
             return Ok(plan);
         }
         plan.transform_up(|node| {

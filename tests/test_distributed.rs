@@ -1,0 +1,377 @@
+//! Distributed execution: every MPHF node through the codec, TPC-H on in-memory clusters of
+//! datafusion-distributed workers (gRPC over in-process streams), and workers that cannot find
+//! an index.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion_distributed::{display_plan_ascii, DistributedExt};
+use datafusion_mphf::datafusion::aggregate::MphfMergedAggregateExec;
+use datafusion_mphf::datafusion::distributed::{InMemoryCluster, IndexRef, MphfCodec, WorkerIndexes};
+use datafusion_mphf::datafusion::explain::MphfDeclinedExec;
+use datafusion_mphf::datafusion::plan::Declined;
+use datafusion_mphf::datafusion::tpch;
+use datafusion_mphf::datafusion::MphfContext;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use parquet::arrow::ArrowWriter;
+
+/// Sorted pretty-printed rows.
+fn rows(batches: &[RecordBatch]) -> Vec<String> {
+    let text = pretty_format_batches(batches).unwrap().to_string();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}
+
+/// Writes `batches` as one Parquet file per non-empty entry of `parts` under `dir`.
+fn write_parts(dir: &Path, parts: &[Vec<RecordBatch>]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (i, part) in parts.iter().enumerate().filter(|(_, p)| !p.is_empty()) {
+        let file = std::fs::File::create(dir.join(format!("part-{i}.parquet"))).unwrap();
+        let mut w = ArrowWriter::try_new(file, part[0].schema(), None).unwrap();
+        for b in part {
+            w.write(b).unwrap();
+        }
+        w.close().unwrap();
+    }
+}
+
+/// The kinds of the MPHF nodes in `plan` (the merged aggregate is named `MphfAggregateExec`).
+fn mphf_nodes(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeSet<String>) {
+    let name = plan.name();
+    if plan.is::<MphfMergedAggregateExec>() {
+        out.insert("MphfMergedAggregateExec".to_string());
+    } else if name.starts_with("Mphf") || name == "SlotScanExec" {
+        out.insert(name.to_string());
+    }
+    for c in plan.children() {
+        mphf_nodes(c, out);
+    }
+}
+
+/// Encodes `plan` with the codec, decodes it, and checks the plan text and the rows; returns
+/// the MPHF nodes it held.
+async fn round_trip(ctx: &MphfContext, plan: Arc<dyn ExecutionPlan>) -> BTreeSet<String> {
+    let codec = MphfCodec::new(Arc::new(WorkerIndexes::in_process()), Some(Arc::clone(ctx.registry())));
+    let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &codec).unwrap();
+    let task = ctx.ctx().task_ctx();
+    let decoded = physical_plan_from_bytes_with_extension_codec(&bytes, &task, &codec).unwrap();
+    let text = |p: &Arc<dyn ExecutionPlan>| displayable(p.as_ref()).indent(true).to_string();
+    assert_eq!(text(&decoded), text(&plan), "the decoded plan differs");
+    let want = rows(&collect(Arc::clone(&plan), Arc::clone(&task)).await.unwrap());
+    let got = rows(&collect(decoded, task).await.unwrap());
+    assert_eq!(got, want, "the decoded plan gives other rows:\n{}", text(&plan));
+    let mut nodes = BTreeSet::new();
+    mphf_nodes(&plan, &mut nodes);
+    nodes
+}
+
+/// `batches` as two files' worth.
+fn halves(batches: Vec<RecordBatch>) -> Vec<Vec<RecordBatch>> {
+    let half = batches.len() / 2;
+    vec![batches[..half].to_vec(), batches[half..].to_vec()]
+}
+
+async fn setup_rows(ctx: &MphfContext, sql: &str) -> Vec<RecordBatch> {
+    ctx.sql(sql).await.unwrap().collect().await.unwrap()
+}
+
+async fn plan_of(ctx: &MphfContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap()
+}
+
+const FACTS: &str = "CREATE TABLE facts AS SELECT (v * 7919) % 5000 AS k, v % 97 AS x, CAST(v AS DOUBLE) AS amount \
+                     FROM generate_series(1, 40000) AS t(v)";
+const DIMS: &str =
+    "CREATE TABLE dims AS SELECT v AS k, 'name' || (v % 13) AS label FROM generate_series(0, 4999) AS t(v)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mphf_node_round_trips_through_the_codec() {
+    let ctx = MphfContext::new();
+    for s in [
+        FACTS,
+        DIMS,
+        "CREATE INDEX facts_k ON facts USING mphf (k)",
+        "CREATE INDEX dims_k ON dims USING mphf (k)",
+        "SET mphf.costing = 'always'",
+        "SET datafusion.execution.target_partitions = 2",
+    ] {
+        ctx.sql(s).await.unwrap().collect().await.unwrap();
+    }
+    let mut seen = BTreeSet::new();
+    for sql in [
+        "SELECT k, count(*), sum(amount) FROM facts GROUP BY k",
+        "SELECT d.label, count(*), sum(f.amount) FROM facts f JOIN dims d ON f.k = d.k GROUP BY d.label",
+        "SELECT f.x, d.label FROM facts f JOIN dims d ON f.k = d.k WHERE f.x < 3",
+        "SELECT k, mphf_index(k) FROM dims",
+    ] {
+        seen.extend(round_trip(&ctx, plan_of(&ctx, sql).await).await);
+    }
+    // Other partition counts: the merge's other form, and one partition (a `Single` aggregate,
+    // the per-partition node).
+    for partitions in [4, 1] {
+        let set = format!("SET datafusion.execution.target_partitions = {partitions}");
+        ctx.sql(&set).await.unwrap().collect().await.unwrap();
+        seen.extend(round_trip(&ctx, plan_of(&ctx, "SELECT k, max(x) FROM facts GROUP BY k").await).await);
+    }
+
+    // A Parquet table with slot maps: the slot scan.
+    let dir = tempfile::tempdir().unwrap();
+    let batches = ctx.sql("SELECT * FROM facts").await.unwrap().collect().await.unwrap();
+    write_parts(&dir.path().join("pfacts"), &[batches]);
+    let path = dir.path().join("pfacts").display().to_string();
+    ctx.register_parquet("pfacts", &path).await.unwrap();
+    ctx.sql("CREATE INDEX pfacts_k ON pfacts USING mphf (k)").await.unwrap();
+    seen.extend(round_trip(&ctx, plan_of(&ctx, "SELECT k, count(*) FROM pfacts GROUP BY k").await).await);
+
+    // The node EXPLAIN shows for a declined candidate.
+    let inner = plan_of(&ctx, "SELECT k, x FROM facts WHERE x = 1").await;
+    let declined: Arc<dyn ExecutionPlan> = Arc::new(MphfDeclinedExec::new(
+        inner,
+        Declined::new("a reason with words".into(), None),
+    ));
+    seen.extend(round_trip(&ctx, declined).await);
+
+    for node in [
+        "MphfRelabelExec",
+        "MphfAggregateExec",
+        "MphfMergedAggregateExec",
+        "MphfJoinExec",
+        "MphfGroupJoinExec",
+        "MphfDeclinedExec",
+        "SlotScanExec",
+    ] {
+        assert!(seen.contains(node), "no plan held {node}: {seen:?}");
+    }
+}
+
+/// TPC-H at SF 0.1 written as Parquet (two files per table) under `dir`; the index statements
+/// and the 22 queries of `sql-tests/tpch_queries.slt`.
+fn tpch_parquet(dir: &Path) -> (Vec<String>, Vec<String>) {
+    for t in tpch::TABLES {
+        let (_, parts) = tpch::generate(t, 0.1, 2, &|_| {}).unwrap();
+        write_parts(&dir.join(t), &parts);
+    }
+    let slt = std::fs::read_to_string("sql-tests/tpch_queries.slt").unwrap();
+    let lines: Vec<&str> = slt.lines().collect();
+    let indexes = lines
+        .iter()
+        .filter(|l| l.starts_with("CREATE INDEX"))
+        .map(|l| l.to_string())
+        .collect();
+    let queries = lines
+        .windows(3)
+        .filter(|w| w[0].starts_with("# Q") && w[1].starts_with("query"))
+        .map(|w| w[2].to_string())
+        .collect::<Vec<_>>();
+    (indexes, queries)
+}
+
+async fn vanilla_rows(dir: &Path, queries: &[String]) -> Vec<Vec<String>> {
+    let ctx = SessionContext::new();
+    for t in tpch::TABLES {
+        let path = dir.join(t).display().to_string();
+        ctx.register_parquet(t, &path, ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    for q in queries {
+        out.push(rows(&ctx.sql(q).await.unwrap().collect().await.unwrap()));
+    }
+    out
+}
+
+/// A coordinator over `workers` in-memory workers, scans split into many tasks.
+fn cluster(workers: usize, indexes: WorkerIndexes) -> MphfContext {
+    let builder = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(SessionConfig::new().with_target_partitions(2));
+    let builder = InMemoryCluster::new(workers)
+        .with_worker_indexes(indexes)
+        .start(builder)
+        .unwrap()
+        .with_distributed_file_scan_config_bytes_per_partition(64 * 1024)
+        .unwrap();
+    MphfContext::with_state_builder(builder)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tpch_on_in_memory_clusters_gives_vanillas_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (indexes, queries) = tpch_parquet(dir.path());
+    assert_eq!(queries.len(), 22);
+    let want = vanilla_rows(dir.path(), &queries).await;
+    for (workers, costing) in [(2, "always"), (4, "auto")] {
+        let ctx = cluster(workers, WorkerIndexes::in_process());
+        for t in tpch::TABLES {
+            ctx.register_parquet(t, &dir.path().join(t).display().to_string())
+                .await
+                .unwrap();
+        }
+        for s in &indexes {
+            // The first cluster saved them beside the data; the second loads them.
+            ctx.sql(&s.replacen("CREATE INDEX", "CREATE INDEX IF NOT EXISTS", 1))
+                .await
+                .unwrap();
+        }
+        ctx.sql(&format!("SET mphf.costing = '{costing}'"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let mut distributed_mphf = 0;
+        for (i, q) in queries.iter().enumerate() {
+            let df = ctx.sql(q).await.unwrap();
+            let plan = df.clone().create_physical_plan().await.unwrap();
+            let text = display_plan_ascii(plan.as_ref(), false);
+            if plan.name() == "DistributedExec"
+                && text.contains("Stage")
+                && ["MphfAggregateExec", "MphfJoinExec", "MphfGroupJoinExec"]
+                    .iter()
+                    .any(|n| text.contains(n))
+            {
+                distributed_mphf += 1;
+            }
+            let got = rows(
+                &df.collect()
+                    .await
+                    .unwrap_or_else(|e| panic!("Q{} on {workers} workers: {e}", i + 1)),
+            );
+            assert_eq!(got, want[i], "Q{} on {workers} workers ({costing}):\n{text}", i + 1);
+        }
+        println!(
+            "{workers} workers ({costing}): {distributed_mphf} of 22 queries ran MPHF operators in distributed stages"
+        );
+        assert!(
+            distributed_mphf >= 5,
+            "{workers} workers: only {distributed_mphf} queries ran MPHF operators in distributed stages"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_the_coordinators_index_fails_naming_it() {
+    let data = tempfile::tempdir().unwrap();
+    let (shared, other, elsewhere) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let facts = data.path().join("facts");
+    let setup = MphfContext::new();
+    // Enough bytes for several scan tasks.
+    setup
+        .sql(&FACTS.replace("40000", "400000"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    write_parts(&facts, &halves(setup_rows(&setup, "SELECT * FROM facts").await));
+    let facts = facts.display().to_string();
+    let query = "SELECT k, count(*), sum(amount) FROM facts GROUP BY k";
+
+    // A worker's folder with the index of other data under the same name: stale.
+    let stale = MphfContext::new();
+    stale
+        .sql(&format!("SET mphf.index_dir = '{}'", other.path().display()))
+        .await
+        .unwrap();
+    let other_facts = data.path().join("other_facts");
+    write_parts(
+        &other_facts,
+        &halves(setup_rows(&setup, "SELECT k + 1 AS k, x, amount FROM facts").await),
+    );
+    stale
+        .register_parquet("facts", &other_facts.display().to_string())
+        .await
+        .unwrap();
+    stale.sql("CREATE INDEX facts_k ON facts USING mphf (k)").await.unwrap();
+
+    let run = |indexes: WorkerIndexes| {
+        let facts = facts.clone();
+        let shared = shared.path().display().to_string();
+        async move {
+            let ctx = cluster(2, indexes);
+            ctx.sql(&format!("SET mphf.index_dir = '{shared}'")).await.unwrap();
+            ctx.sql("SET mphf.costing = 'always'")
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            ctx.register_parquet("facts", &facts).await.unwrap();
+            ctx.sql("CREATE INDEX IF NOT EXISTS facts_k ON facts USING mphf (k)")
+                .await
+                .unwrap();
+            let df = ctx.sql(query).await.unwrap();
+            let plan = df.clone().create_physical_plan().await.unwrap();
+            assert_eq!(
+                plan.name(),
+                "DistributedExec",
+                "{}",
+                display_plan_ascii(plan.as_ref(), false)
+            );
+            df.collect().await
+        }
+    };
+    let missing = run(WorkerIndexes::saved(Some(elsewhere.path().to_path_buf())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        missing
+            .contains("MPHF index 'facts_k' on facts(k) is not available on this worker: cannot open the saved index"),
+        "{missing}"
+    );
+    let stale_err = run(WorkerIndexes::saved(Some(other.path().to_path_buf())))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        stale_err.contains("MPHF index 'facts_k' on facts(k) is not available on this worker: the saved index")
+            && stale_err.contains("the coordinator's has"),
+        "{stale_err}"
+    );
+    // Workers that read the coordinator's folder run it, with vanilla's rows.
+    let got = rows(
+        &run(WorkerIndexes::saved(Some(shared.path().to_path_buf())))
+            .await
+            .unwrap(),
+    );
+    let vanilla = SessionContext::new();
+    vanilla
+        .register_parquet("facts", &facts, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(got, rows(&vanilla.sql(query).await.unwrap().collect().await.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_memory_index_cannot_reach_another_process() {
+    let ctx = MphfContext::new();
+    ctx.sql(DIMS).await.unwrap().collect().await.unwrap();
+    ctx.sql("CREATE INDEX dims_k ON dims USING mphf (k)").await.unwrap();
+    let handle = ctx.registry().get("dims_k").unwrap();
+    let r = IndexRef::of(&handle);
+    let err = WorkerIndexes::saved(None).resolve(&r).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "MPHF index 'dims_k' on dims(k) is not available on this worker: the coordinator holds it in memory only \
+             (table 'dims' is not file-backed)"
+        ),
+        "{err}"
+    );
+    // In the coordinator's process the live index is used.
+    assert_eq!(WorkerIndexes::in_process().resolve(&r).unwrap().id(), handle.id());
+}
