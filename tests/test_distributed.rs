@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
@@ -364,7 +365,8 @@ async fn an_in_memory_index_cannot_reach_another_process() {
     ctx.sql("CREATE INDEX dims_k ON dims USING mphf (k)").await.unwrap();
     let handle = ctx.registry().get("dims_k").unwrap();
     let r = IndexRef::of(&handle);
-    let err = WorkerIndexes::saved(None).resolve(&r).unwrap_err().to_string();
+    let pool = &ctx.ctx().runtime_env().memory_pool;
+    let err = WorkerIndexes::saved(None).resolve(&r, pool).unwrap_err().to_string();
     assert!(
         err.contains(
             "MPHF index 'dims_k' on dims(k) is not available on this worker: the coordinator holds it in memory only \
@@ -373,5 +375,32 @@ async fn an_in_memory_index_cannot_reach_another_process() {
         "{err}"
     );
     // In the coordinator's process the live index is used.
-    assert_eq!(WorkerIndexes::in_process().resolve(&r).unwrap().id(), handle.id());
+    assert_eq!(WorkerIndexes::in_process().resolve(&r, pool).unwrap().id(), handle.id());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reserves_an_opened_index_in_its_memory_pool() {
+    let data = tempfile::tempdir().unwrap();
+    let ctx = MphfContext::new();
+    ctx.sql(FACTS).await.unwrap().collect().await.unwrap();
+    let facts = data.path().join("pfacts");
+    write_parts(&facts, &[setup_rows(&ctx, "SELECT * FROM facts").await]);
+    ctx.register_parquet("pfacts", &facts.display().to_string())
+        .await
+        .unwrap();
+    ctx.sql("CREATE INDEX pfacts_k ON pfacts USING mphf (k)").await.unwrap();
+    let r = IndexRef::of(&ctx.registry().get("pfacts_k").unwrap());
+    let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1024));
+    let err = WorkerIndexes::saved(None).resolve(&r, &small).unwrap_err().to_string();
+    assert!(
+        err.contains("MPHF index 'pfacts_k' on pfacts(k): its saved file")
+            && err.contains("more than this worker's memory pool has left"),
+        "{err}"
+    );
+    // With room, the index is opened, reserved, and kept for the next plan.
+    let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 30));
+    let worker = WorkerIndexes::saved(None);
+    let opened = worker.resolve(&r, &pool).unwrap();
+    assert!(pool.reserved() > 0);
+    assert_eq!(worker.resolve(&r, &pool).unwrap().id(), opened.id());
 }

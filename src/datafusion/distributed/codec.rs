@@ -311,8 +311,9 @@ impl Nested<'_> {
 }
 
 impl MphfCodec {
-    fn index(&self, r: &Option<IndexRef>) -> Result<Arc<crate::datafusion::IndexHandle>> {
-        self.indexes.resolve(r.as_ref().ok_or_else(|| missing("index"))?)
+    fn index(&self, r: &Option<IndexRef>, ctx: &TaskContext) -> Result<Arc<crate::datafusion::IndexHandle>> {
+        let pool = &ctx.runtime_env().memory_pool;
+        self.indexes.resolve(r.as_ref().ok_or_else(|| missing("index"))?, pool)
     }
 
     /// The placement named `device` of `agg`, made for this process's device.
@@ -335,9 +336,14 @@ impl MphfCodec {
     /// The relabel node of `proto` over `input`. Its indexes are resolved where possible, so
     /// that their labels resolve here; one that cannot be is left to the operators that need
     /// it (they fail with its error).
-    fn relabel_from(&self, proto: &RelabelProto, input: Arc<dyn ExecutionPlan>) -> Result<MphfRelabelExec> {
+    fn relabel_from(
+        &self,
+        proto: &RelabelProto,
+        input: Arc<dyn ExecutionPlan>,
+        ctx: &TaskContext,
+    ) -> Result<MphfRelabelExec> {
         for r in &proto.indexes {
-            let _ = self.indexes.resolve(r);
+            let _ = self.indexes.resolve(r, &ctx.runtime_env().memory_pool);
         }
         MphfRelabelExec::with_schema(input, schema_from(&proto.schema)?, proto.columns.clone())
     }
@@ -423,7 +429,7 @@ impl MphfCodec {
         inputs: &[Arc<dyn ExecutionPlan>],
     ) -> Result<MphfJoinExec> {
         let join = nested.hash_join(&proto.join, ctx, inputs.to_vec())?;
-        let index = self.index(&proto.index)?;
+        let index = self.index(&proto.index, ctx)?;
         Ok(MphfJoinExec::new(join, index, proto.key as usize).with_estimate(estimate_from(&proto.estimate)))
     }
 
@@ -442,12 +448,12 @@ impl MphfCodec {
             )),
         };
         Ok(match node {
-            Node::Relabel(r) => Arc::new(self.relabel_from(r, one_input()?)?),
+            Node::Relabel(r) => Arc::new(self.relabel_from(r, one_input()?, ctx)?),
             Node::Aggregate(a) => {
                 let agg = nested.aggregate(&a.aggregate, ctx, vec![one_input()?])?;
                 let key_pos = a.key_pos as usize;
                 let placement = Self::placement(&a.device, &agg, key_pos, ctx);
-                let index = self.index(&a.index)?;
+                let index = self.index(&a.index, ctx)?;
                 Arc::new(
                     MphfAggregateExec::new(agg, index, key_pos)
                         .with_placement(placement)
@@ -461,7 +467,7 @@ impl MphfCodec {
                 let final_agg = nested.aggregate(&m.final_aggregate, ctx, vec![])?;
                 let key_pos = m.key_pos as usize;
                 let placement = Self::placement(&m.device, &partial, key_pos, ctx);
-                let index = self.index(&m.index)?;
+                let index = self.index(&m.index, ctx)?;
                 Arc::new(
                     MphfMergedAggregateExec::new(partial, final_agg, index, key_pos, m.output_partitions as usize)
                         .with_placement(placement)
@@ -484,8 +490,9 @@ impl MphfCodec {
             )),
             Node::SlotScan(s) => {
                 let scan = nested.decode(&s.scan, ctx, vec![])?;
-                let relabel = self.relabel_from(s.relabel.as_ref().ok_or_else(|| missing("relabel node"))?, scan)?;
-                let index = self.index(&s.index)?;
+                let relabel =
+                    self.relabel_from(s.relabel.as_ref().ok_or_else(|| missing("relabel node"))?, scan, ctx)?;
+                let index = self.index(&s.index, ctx)?;
                 let key_column = match s.key_where_no_slots {
                     true => KeyColumn::WhereNoSlots,
                     false => KeyColumn::Read,

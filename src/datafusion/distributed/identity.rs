@@ -14,6 +14,11 @@
 //! Anything else fails the query with an error that names the index; a worker never runs a
 //! plan on an index other than the coordinator's.
 //!
+//! An index a worker opens is reserved in the worker's memory pool (the file's size, before it
+//! is read; `ResourcesExhausted` naming the index when the pool cannot hold it) and kept for later
+//! plans, one per index name: opening another fingerprint of the same index (the coordinator
+//! rebuilt it) drops the older one.
+//!
 //! Invariant: the coordinator's labels in the plan's schemas resolve on the worker to the index
 //! it opened for them ([`alias_label`]), so label lookups in the operators and the UDF work
 //! unchanged.
@@ -23,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ::datafusion::common::{DataFusionError, Result};
+use ::datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 
 use crate::core::column::ColumnIndex;
 use crate::datafusion::install::slot_map_path;
@@ -93,8 +99,8 @@ pub struct WorkerIndexes {
     share_process: bool,
     /// The worker's folder of saved indexes (`None`: the coordinator's paths).
     index_dir: Option<PathBuf>,
-    /// Indexes this worker opened, by fingerprint (kept for later plans).
-    opened: Mutex<HashMap<u64, Arc<IndexHandle>>>,
+    /// Indexes this worker opened, by `name table column`: the fingerprint and the index.
+    opened: Mutex<HashMap<String, (u64, Arc<IndexHandle>)>>,
 }
 
 impl WorkerIndexes {
@@ -121,12 +127,13 @@ impl WorkerIndexes {
         self.share_process
     }
 
-    /// The index `r` names, as this worker can use it.
+    /// The index `r` names, as this worker can use it; one it opens is reserved in `pool`.
     ///
     /// # Errors
     /// `DataFusionError::Execution` naming the index when it cannot be found here, its saved
-    /// file cannot be read, or the file holds an index with another fingerprint.
-    pub fn resolve(&self, r: &IndexRef) -> Result<Arc<IndexHandle>> {
+    /// file cannot be read, or the file holds an index with another fingerprint;
+    /// `ResourcesExhausted` naming it when `pool` cannot hold it.
+    pub fn resolve(&self, r: &IndexRef, pool: &Arc<dyn MemoryPool>) -> Result<Arc<IndexHandle>> {
         if self.share_process {
             if let Some(handle) = id_of_label(&r.label).and_then(resolve_index) {
                 if fingerprint_of(handle.index()) == r.fingerprint {
@@ -134,14 +141,20 @@ impl WorkerIndexes {
                 }
             }
         }
+        let key = format!("{}\t{}\t{}", r.name, r.table, r.column);
         let mut opened = self.opened.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(handle) = opened.get(&r.fingerprint) {
+        if let Some((_, handle)) = opened
+            .get(&key)
+            .filter(|(fingerprint, _)| *fingerprint == r.fingerprint)
+        {
             alias_label(&r.label, handle);
             return Ok(Arc::clone(handle));
         }
-        let handle = self.open_saved(r)?;
+        // Another fingerprint of this index is stale now: its memory goes back first.
+        opened.remove(&key);
+        let handle = self.open_saved(r, pool)?;
         alias_label(&r.label, &handle);
-        opened.insert(r.fingerprint, Arc::clone(&handle));
+        opened.insert(key, (r.fingerprint, Arc::clone(&handle)));
         Ok(handle)
     }
 
@@ -154,7 +167,7 @@ impl WorkerIndexes {
         })
     }
 
-    fn open_saved(&self, r: &IndexRef) -> Result<Arc<IndexHandle>> {
+    fn open_saved(&self, r: &IndexRef, pool: &Arc<dyn MemoryPool>) -> Result<Arc<IndexHandle>> {
         let unavailable = |why: String| {
             DataFusionError::Execution(format!("{} is not available on this worker: {why}", r.describe()))
         };
@@ -165,8 +178,17 @@ impl WorkerIndexes {
                 r.table
             )));
         };
-        let index = ColumnIndex::open(&path)
-            .map_err(|e| unavailable(format!("cannot open the saved index {}: {e}", path.display())))?;
+        let cannot_open = |e: String| unavailable(format!("cannot open the saved index {}: {e}", path.display()));
+        let bytes = std::fs::metadata(&path).map_err(|e| cannot_open(e.to_string()))?.len();
+        let reservation = MemoryConsumer::new(format!("MPHF index {} (worker)", r.name)).register(pool);
+        reservation.try_grow(bytes as usize).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "{}: its saved file {} needs {bytes} bytes, more than this worker's memory pool has left: {e}",
+                r.describe(),
+                path.display()
+            ))
+        })?;
+        let index = ColumnIndex::open(&path).map_err(|e| cannot_open(e.to_string()))?;
         let found = fingerprint_of(&index);
         if found != r.fingerprint {
             return Err(unavailable(format!(
@@ -177,6 +199,8 @@ impl WorkerIndexes {
             )));
         }
         let slot_maps = read_slot_maps(&path, &index, &r.data_files);
+        // The slot maps live beside the index in memory: reserved too, or left out.
+        let slot_maps = slot_maps.filter(|m| reservation.try_grow(m.size_bytes() as usize).is_ok());
         let info = IndexInfo {
             name: r.name.clone(),
             table: r.table.clone(),
@@ -188,7 +212,7 @@ impl WorkerIndexes {
             path: Some(path),
             rows_per_run: None,
         };
-        Ok(IndexHandle::new(Arc::new(index), info, slot_maps, None))
+        Ok(IndexHandle::new(Arc::new(index), info, slot_maps, Some(reservation)))
     }
 }
 
