@@ -666,3 +666,148 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
     let err = fails(&["bench", "tpch", "--runs", "0"]);
     assert!(err.contains("--runs must be at least 1"), "{err}");
 }
+
+/// Runs `mphf args`, killed after `secs` seconds (a hung cluster fails the test, never CI).
+#[cfg(feature = "distributed")]
+fn mphf_within(args: &[&str], secs: u64) -> Output {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mphf"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mphf");
+    // Drained while it runs: a full pipe would stop it.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut pipe, &mut bytes).unwrap();
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("mphf {args:?} ran past {secs} s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+/// Worker processes, killed when dropped (also when the test fails).
+#[cfg(feature = "distributed")]
+struct Workers(Vec<std::process::Child>);
+
+#[cfg(feature = "distributed")]
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+/// `mphf worker` processes on localhost serve `mphf sql --worker-url`. Each opens the saved
+/// index itself (another process: the coordinator's labels resolve only through the fingerprint
+/// check), and the rows equal one process's.
+#[cfg(feature = "distributed")]
+#[test]
+fn workers_in_other_processes_open_the_saved_index() {
+    use std::process::Stdio;
+    let files = Files::new();
+    let dir = files.path("tpch");
+    ok(&["tpch", "--scale", "0.01", "--output", &dir, "--tables", "lineitem"]);
+    let lineitem = format!("lineitem={dir}/lineitem.parquet");
+    ok(&[
+        "sql",
+        "--table",
+        &lineitem,
+        "-c",
+        "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)",
+    ]);
+    let query =
+        "SELECT l_orderkey, count(*) AS n, sum(l_quantity) AS q FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey";
+    let single = ok(&["sql", "--format", "csv", "--table", &lineitem, "-c", query]);
+
+    // Two workers on free ports (both held while the other is picked).
+    let held: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<String> = held.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+    drop(held);
+    let mut workers = Workers(
+        addrs
+            .iter()
+            .map(|a| {
+                Command::new(env!("CARGO_BIN_EXE_mphf"))
+                    .args(["worker", "--listen", a])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start mphf worker")
+            })
+            .collect(),
+    );
+    for a in &addrs {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(a).is_err() {
+            assert!(std::time::Instant::now() < deadline, "worker at {a} did not start");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let out = mphf_within(
+        &[
+            "sql",
+            "--format",
+            "csv",
+            "--worker-url",
+            &urls[0],
+            "--worker-url",
+            &urls[1],
+            "--table",
+            &lineitem,
+            "-c",
+            "SET distributed.file_scan_config_bytes_per_partition = 65536",
+            "-c",
+            "SET mphf.costing = 'always'",
+            "-c",
+            query,
+        ],
+        120,
+    );
+    let logs: Vec<String> = workers
+        .0
+        .iter_mut()
+        .map(|w| {
+            w.kill().unwrap();
+            let mut text = String::new();
+            std::io::Read::read_to_string(w.stderr.as_mut().unwrap(), &mut text).unwrap();
+            w.wait().unwrap();
+            text
+        })
+        .collect();
+    assert!(
+        out.status.success(),
+        "{}\nworkers: {logs:?}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), single);
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("opened saved MPHF index 'li_ok' on lineitem(l_orderkey) from")),
+        "no worker opened the index: {logs:?}"
+    );
+}

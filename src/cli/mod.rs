@@ -20,6 +20,8 @@ pub mod parquet_io;
 pub mod sql;
 pub mod timing;
 pub mod tpch;
+#[cfg(feature = "distributed")]
+pub mod worker;
 
 use std::path::PathBuf;
 
@@ -65,6 +67,9 @@ pub enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Serve one datafusion-distributed worker with the MPHF codec, for `mphf sql --worker-url`.
+    #[cfg(feature = "distributed")]
+    Worker(worker::WorkerArgs),
 }
 
 /// The benchmarks of `mphf bench`.
@@ -100,6 +105,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect(args) => inspect::run(&args),
         Command::Lookup(args) => lookup::run(&args),
         Command::Sql(args) => block_on(sql::run(args)),
+        #[cfg(feature = "distributed")]
+        Command::Worker(args) => block_on(worker::run(args)),
         Command::Tpch(args) => tpch::run(args).map_err(CliError::Other),
         Command::Demo(args) => block_on(demo::run(args, demo::Suite::Demo)),
         Command::Difftest(args) => block_on(difftest::run(args)),

@@ -68,6 +68,10 @@ pub struct SqlArgs {
     /// a worker, as between machines (0: one process, no cluster).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub workers: usize,
+    /// Run the statements on the `mphf worker` at this URL (repeatable: one per worker, e.g.
+    /// `http://10.0.0.2:50051`). The workers open the saved indexes themselves.
+    #[arg(long = "worker-url", value_name = "URL", conflicts_with = "workers")]
+    pub worker_urls: Vec<String>,
 }
 
 /// A session with or without the extension.
@@ -222,22 +226,53 @@ fn session(args: &SqlArgs) -> Result<Session> {
         .with_default_features()
         .with_config(config)
         .with_runtime_env(runtime.build_arc()?);
-    Ok(match (args.no_mphf, args.workers) {
-        (true, 0) => Session::Plain(SessionContext::new_with_state(state.build())),
-        (true, _) => return Err(anyhow!("--workers runs the MPHF extension's cluster; drop --no-mphf")),
-        (false, 0) => Session::Mphf(MphfContext::with_state_builder(state)),
-        (false, n) => Session::Mphf(cluster(n, state)?),
+    let distributed = args.workers > 0 || !args.worker_urls.is_empty();
+    Ok(match (args.no_mphf, distributed) {
+        (true, false) => Session::Plain(SessionContext::new_with_state(state.build())),
+        (true, true) => {
+            return Err(anyhow!(
+                "--workers and --worker-url run the MPHF extension's workers; drop --no-mphf"
+            ))
+        }
+        (false, false) => Session::Mphf(MphfContext::with_state_builder(state)),
+        (false, true) => Session::Mphf(cluster(args, state)?),
     })
 }
 
+/// The coordinator of `--workers N` in-memory workers, or of the `mphf worker`s at
+/// `--worker-url`s.
 #[cfg(feature = "distributed")]
-fn cluster(workers: usize, state: SessionStateBuilder) -> Result<MphfContext> {
-    let state = crate::datafusion::distributed::InMemoryCluster::new(workers).start(state)?;
+fn cluster(args: &SqlArgs, state: SessionStateBuilder) -> Result<MphfContext> {
+    use crate::datafusion::distributed::{distributed_state, InMemoryCluster, MphfCodec, WorkerIndexes};
+    use datafusion_distributed::grpc::DefaultChannelResolver;
+    use std::sync::Arc;
+    if args.workers > 0 {
+        let state = InMemoryCluster::new(args.workers).start(state)?;
+        return Ok(MphfContext::with_state_builder(state));
+    }
+    let urls = args
+        .worker_urls
+        .iter()
+        .map(|u| url::Url::parse(u).with_context(|| format!("--worker-url {u}")))
+        .collect::<Result<Vec<_>>>()?;
+    let codec = MphfCodec::new(Arc::new(WorkerIndexes::saved(None)), None);
+    let state = distributed_state(state, StaticWorkers(urls), DefaultChannelResolver::default(), codec);
     Ok(MphfContext::with_state_builder(state))
 }
 
+/// The workers named on the command line.
+#[cfg(feature = "distributed")]
+struct StaticWorkers(Vec<url::Url>);
+
+#[cfg(feature = "distributed")]
+impl datafusion_distributed::WorkerResolver for StaticWorkers {
+    fn get_urls(&self) -> ::datafusion::error::Result<Vec<url::Url>> {
+        Ok(self.0.clone())
+    }
+}
+
 #[cfg(not(feature = "distributed"))]
-fn cluster(_workers: usize, _state: SessionStateBuilder) -> Result<MphfContext> {
+fn cluster(_args: &SqlArgs, _state: SessionStateBuilder) -> Result<MphfContext> {
     Err(anyhow!(
         "--workers needs the `distributed` feature; build with the default features"
     ))

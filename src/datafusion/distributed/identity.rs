@@ -101,6 +101,8 @@ pub struct WorkerIndexes {
     index_dir: Option<PathBuf>,
     /// Indexes this worker opened, by `name table column`: the fingerprint and the index.
     opened: Mutex<HashMap<String, (u64, Arc<IndexHandle>)>>,
+    /// Say on stderr which saved index was opened (a worker process's log).
+    notices: bool,
 }
 
 impl WorkerIndexes {
@@ -111,7 +113,14 @@ impl WorkerIndexes {
             share_process: false,
             index_dir,
             opened: Mutex::new(HashMap::new()),
+            notices: false,
         }
+    }
+
+    /// The same, saying on stderr which saved index it opens.
+    pub fn with_notices(mut self, notices: bool) -> Self {
+        self.notices = notices;
+        self
     }
 
     /// A worker in the coordinator's process: its live indexes, then saved ones.
@@ -197,6 +206,15 @@ impl WorkerIndexes {
                 path.display(),
                 r.fingerprint
             )));
+        }
+        if self.notices {
+            eprintln!(
+                "opened saved MPHF index '{}' on {}({}) from {} (fingerprint {found:016x})",
+                r.name,
+                r.table,
+                r.column,
+                path.display()
+            );
         }
         let slot_maps = read_slot_maps(&path, &index, &r.data_files);
         // The slot maps live beside the index in memory: reserved too, or left out.
