@@ -137,8 +137,8 @@ static PROCESS_NONCE: LazyLock<u64> = LazyLock::new(|| {
 /// The index id of a label made by [`IndexHandle::label`] in this process, or of a label of
 /// another process that [`alias_label`] tied to an index of this one; `None` otherwise.
 pub fn id_of_label(value: &str) -> Option<u64> {
-    let (nonce, id) = value.split_once(':')?;
-    if u64::from_str_radix(nonce, 16).ok()? == *PROCESS_NONCE {
+    let (_, id) = value.split_once(':')?;
+    if is_own_label(value) {
         return id.parse().ok();
     }
     ALIASES
@@ -146,6 +146,14 @@ pub fn id_of_label(value: &str) -> Option<u64> {
         .unwrap_or_else(PoisonError::into_inner)
         .get(value)
         .copied()
+}
+
+/// True when `label` was made by [`IndexHandle::label`] in this process (its nonce is ours).
+fn is_own_label(label: &str) -> bool {
+    label
+        .split_once(':')
+        .and_then(|(nonce, _)| u64::from_str_radix(nonce, 16).ok())
+        .is_some_and(|nonce| nonce == *PROCESS_NONCE)
 }
 
 /// Labels of other processes (a distributed query's coordinator) and the ids of the indexes
@@ -158,11 +166,7 @@ static ALIASES: LazyLock<RwLock<HashMap<String, u64>>> = LazyLock::new(|| RwLock
 /// removed on the way. A label of this process is never aliased: it names its own index.
 #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
 pub(crate) fn alias_label(label: &str, handle: &IndexHandle) {
-    let ours = label
-        .split_once(':')
-        .and_then(|(nonce, _)| u64::from_str_radix(nonce, 16).ok())
-        .is_some_and(|nonce| nonce == *PROCESS_NONCE);
-    if ours {
+    if is_own_label(label) {
         return;
     }
     let mut aliases = ALIASES.write().unwrap_or_else(PoisonError::into_inner);
