@@ -3,6 +3,7 @@
 //! ```text
 //! cargo build --release --no-default-features --features cuda --example gpu_bench
 //! gpu_bench [--grid BUDGET MAX_N] [--bench] [--crossover] [--ns 5000000,50000000] [--reps 3] [--cap SECS] [--gpu-cap SECS]
+//!           [--one ℓ,b,rot,n]... [--verify]
 //! ```
 //!
 //! `--grid` runs the GPU-vs-CPU byte-equality grid (ℓ 2..=24, b in {5,50,100,500,2000}, rotation
@@ -10,7 +11,10 @@
 //! (hash, bucket, solve, encode) on the GPU and on the CPU (all cores) for the issue's
 //! configurations and prints a markdown table; a GPU run predicted to exceed `--gpu-cap` seconds
 //! is skipped, a CPU run predicted to exceed `--cap` seconds is made at a smaller n (the table
-//! says so). `--one ℓ,b,rot,n` times one GPU build (set MPHF_GPU_PROFILE=1 for stage times;
+//! says so). `--one ℓ,b,rot,n` times GPU builds (the median of `--reps`, fewer when one build
+//! passes `--gpu-cap` / 2 seconds; set MPHF_GPU_PROFILE=1 for stage times; `--verify` then
+//! checks on the host that every key gets its own slot below n, and prints the process's peak
+//! resident memory;
 //! MPHF_BENCH_CLI_KEYS=1 uses the keys of `mphf bench build` instead of this harness's: at
 //! (18, 50) with rotation the leaf stage is 2.8× slower on them, see benches/RESULTS-gpu.md).
 //! `--crossover` times small inputs to place the `auto` threshold.
@@ -57,6 +61,7 @@ struct Opts {
     reps: usize,
     cap: f64,
     gpu_cap: f64,
+    verify: bool,
 }
 
 fn parse() -> Opts {
@@ -69,6 +74,7 @@ fn parse() -> Opts {
         reps: 3,
         cap: 10.0,
         gpu_cap: 60.0,
+        verify: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -80,6 +86,7 @@ fn parse() -> Opts {
             }
             "--bench" => o.bench = true,
             "--crossover" => o.crossover = true,
+            "--verify" => o.verify = true,
             "--one" => {
                 let v: Vec<usize> = args[i + 1].split(',').map(|s| s.parse().unwrap()).collect();
                 o.one.push((v[0], v[1], v[2] != 0, v[3]));
@@ -134,6 +141,35 @@ fn timed_build(params: Params, keys: &[u64], solver: Option<&Arc<Timed>>, reps: 
     (median(times), solve, last.unwrap())
 }
 
+/// The first reason `m` is not a bijection from `keys` onto `0..n`, checked on all cores with
+/// one bit per slot.
+fn first_collision(m: &Mphf, keys: &[u64]) -> Option<String> {
+    use rayon::prelude::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let n = keys.len() as u64;
+    if m.len() != n {
+        return Some(format!("{} slots for {n} keys", m.len()));
+    }
+    let seen: Vec<AtomicU64> = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+    keys.par_iter().find_map_any(|k| {
+        let s = m.index(k);
+        if s >= n {
+            return Some(format!("key {k} has slot {s} ≥ {n}"));
+        }
+        let bit = 1u64 << (s % 64);
+        let before = seen[(s / 64) as usize].fetch_or(bit, Ordering::Relaxed);
+        (before & bit != 0).then(|| format!("slot {s} taken twice (key {k})"))
+    })
+}
+
+/// The process's peak resident memory (`VmHWM` of /proc/self/status).
+fn peak_rss() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(format!("{:.2} GiB", kib / 2f64.powi(20)))
+}
+
 fn main() {
     let o = parse();
     let ctx = GpuContext::get().unwrap_or_else(|e| {
@@ -185,13 +221,25 @@ fn main() {
         } else {
             random_keys(n, 42)
         };
-        let (t, s, m) = timed_build(p, &keys, Some(&solver), 1, 1.0);
+        let (t, s, m) = timed_build(p, &keys, Some(&solver), o.reps, o.gpu_cap);
         println!(
             "ONE ({leaf},{bucket}) rot={rotation} n={n}: total {:.4} µs/key, solve {:.4} µs/key, {:.4} bits/key",
             t * 1e6 / n as f64,
             s * 1e6 / n as f64,
             m.bits_per_key()
         );
+        if o.verify {
+            let t = Instant::now();
+            let verdict = match first_collision(&m, &keys) {
+                None => "ok".to_string(),
+                Some(why) => format!("FAILED ({why})"),
+            };
+            println!(
+                "VERIFY ({leaf},{bucket}) n={n}: bijection {verdict} in {:.1} s; peak host memory {}",
+                t.elapsed().as_secs_f64(),
+                peak_rss().unwrap_or_else(|| "unknown".into())
+            );
+        }
     }
 
     if o.crossover {

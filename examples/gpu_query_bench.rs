@@ -3,6 +3,7 @@
 //! ```text
 //! cargo build --release --no-default-features --features cuda --example gpu_query_bench
 //! gpu_query_bench [--check] [--lookup] [--groupby] [--zipf] [--max-rows N] [--reps R]
+//!                 [--slotmap ROWS,ROWS]
 //! ```
 //!
 //! - `--check`: GPU vs CPU answers. Lookups: indexes of 0..10^6 keys under three parameter
@@ -16,6 +17,12 @@
 //!   `group by l_orderkey` (sorted runs of 1..7 rows, 1.5·10^6 groups) at SF 1 and SF 10: lookup
 //!   and aggregation kernel times, end to end with copies, and the CPU.
 //! - `--zipf`: Zipf (s = 1.0, 1.5) over uniform time for 10^4 and 1.5·10^6 groups.
+//! - `--slotmap 1e8,1e9`: slot maps (issue 21): the slot of every row of an Int64 key column
+//!   of ROWS rows in random order over ROWS/10 distinct keys. Kernel rate with the keys resident
+//!   on the device; end to end from a host Arrow array to a host `Vec<u32>`
+//!   (`GpuIndex::slot_map`); the floor of any end-to-end path, the pinned host → device copy of
+//!   the keys (and the device → host copy of the slots); every row compared with the CPU.
+//!   Not part of the default run.
 //!
 //! No flag runs everything. Tables are printed in markdown. `--ptx` only compiles the query-side
 //! kernels with NVRTC (no GPU needed).
@@ -46,6 +53,7 @@ struct Opts {
     lookup_ns: Vec<usize>,
     gb_rows: Vec<usize>,
     lookup_check: bool,
+    slotmap_rows: Vec<usize>,
 }
 
 fn parse() -> Opts {
@@ -59,6 +67,7 @@ fn parse() -> Opts {
         lookup_ns: vec![1_000_000, 10_000_000, 100_000_000],
         gb_rows: vec![1, 1000, 1_000_000, 10_000_000],
         lookup_check: true,
+        slotmap_rows: Vec::new(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -84,6 +93,13 @@ fn parse() -> Opts {
                 i += 1;
             }
             "--no-lookup-check" => o.lookup_check = false,
+            "--slotmap" => {
+                o.slotmap_rows = args[i + 1]
+                    .split(',')
+                    .map(|s| s.parse::<f64>().unwrap() as usize)
+                    .collect();
+                i += 1;
+            }
             "--lookup-ns" => {
                 o.lookup_ns = args[i + 1]
                     .split(',')
@@ -95,7 +111,7 @@ fn parse() -> Opts {
         }
         i += 1;
     }
-    if !(o.check || o.lookup || o.groupby || o.zipf) {
+    if !(o.check || o.lookup || o.groupby || o.zipf || !o.slotmap_rows.is_empty()) {
         (o.check, o.lookup, o.groupby, o.zipf) = (true, true, true, true);
     }
     o
@@ -412,6 +428,67 @@ fn lookup_bench(o: &Opts, ctx: &Arc<GpuContext>) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Slot maps
+// ---------------------------------------------------------------------------------------------
+
+/// Slot maps of `--slotmap` row counts; returns the number of rows that differ from the CPU.
+fn slotmap_bench(o: &Opts, ctx: &Arc<GpuContext>) -> usize {
+    let stream = ctx.stream().clone();
+    println!("\n## Slot maps on the GPU (Int64 keys in random order, ROWS/10 distinct keys, (8,100))\n");
+    println!("Resident: CUDA events around the lookup kernel with the keys already on the device (median of {} runs). End to end: `GpuIndex::slot_map` from a host Arrow array to a host `Vec<u32>` (median of 3). Floor: pinned host → device copy of the 8-byte keys (and device → host of the 4-byte slots), CUDA events, median of 3. CPU: `ColumnIndex::lookup_slots` over 64 Ki-row chunks on all cores.\n", o.reps);
+    println!("| rows | keys | resident ms | rows/s resident | end-to-end ms | rows/s e2e | H→D floor ms | D→H floor ms | e2e / (H→D + D→H) | CPU ms | equal to CPU |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut failures = 0;
+    for &rows in &o.slotmap_rows {
+        let n = (rows / 10).max(1);
+        let t = Instant::now();
+        let idx = build_index(Arc::new(Int64Array::from(member_keys(n))), Params::DEFAULT);
+        let g = GpuIndex::new(&idx).unwrap();
+        let probe = int_probe(&draw(rows, n, Dist::Uniform, 21, false), 0.0, 0);
+        eprintln!("slot map: index of {n} keys and {rows} probe rows in {:.1} s", secs(t));
+        // Resident keys.
+        let resident_ms = {
+            let p = g.upload(probe.as_ref()).unwrap();
+            let mut out: CudaSlice<u32> = stream.alloc_zeros(rows).unwrap();
+            time_gpu(&stream, o.reps, || {
+                g.lookup_device_into(&p, Combine::Off, &mut out).unwrap()
+            })
+        };
+        // End to end.
+        let mut slots = Vec::new();
+        let e2e_ms = time_host(3, || slots = g.slot_map(&[probe.as_ref()]).unwrap());
+        // Copy floors through pinned memory.
+        let (h2d_ms, d2h_ms) = {
+            // SAFETY: uninitialized pinned host memory that is only copied, never read as values.
+            let keys_host = unsafe { stream.context().alloc_pinned::<u64>(rows) }.unwrap();
+            let slots_host = unsafe { stream.context().alloc_pinned::<u32>(rows) }.unwrap();
+            let mut keys_dev = unsafe { stream.alloc::<u64>(rows) }.unwrap();
+            let slots_dev: CudaSlice<u32> = stream.alloc_zeros(rows).unwrap();
+            let mut slots_host = slots_host;
+            let h2d = time_gpu(&stream, 3, || stream.memcpy_htod(&keys_host, &mut keys_dev).unwrap());
+            let d2h = time_gpu(&stream, 3, || stream.memcpy_dtoh(&slots_dev, &mut slots_host).unwrap());
+            (h2d, d2h)
+        };
+        let t = Instant::now();
+        let cpu = cpu_lookup(&idx, probe.as_ref());
+        let cpu_ms = secs(t) * 1e3;
+        let diff = first_diff(&widen32(&slots), &cpu);
+        if let Some(at) = diff {
+            eprintln!("slot map differs from the CPU at row {at}");
+            failures += 1;
+        }
+        println!(
+            "| {rows} | {n} | {resident_ms:.1} | {:.2e} | {e2e_ms:.1} | {:.2e} | {h2d_ms:.1} | {d2h_ms:.1} | {:.2}× | {cpu_ms:.0} | {} |",
+            rows as f64 / (resident_ms / 1e3),
+            rows as f64 / (e2e_ms / 1e3),
+            e2e_ms / (h2d_ms + d2h_ms),
+            if diff.is_none() { "yes" } else { "**NO**" }
+        );
+    }
+    failures
+}
+
+// ---------------------------------------------------------------------------------------------
 // TPC-H-like GROUP BY
 // ---------------------------------------------------------------------------------------------
 
@@ -663,6 +740,9 @@ fn main() {
     }
     if o.zipf {
         zipf_bench(&o, &ctx);
+    }
+    if !o.slotmap_rows.is_empty() {
+        failures += slotmap_bench(&o, &ctx);
     }
     println!("\ntotal {:.0} s, {failures} check failures", secs(t));
     if failures > 0 {

@@ -35,10 +35,28 @@ __device__ __forceinline__ u32 fmix32(u32 h) {
     return h ^ (h >> 16);
 }
 
-// R_m(x) in [0, m) for m < 2^16: fold hi ^ lo, fmix32, 16-bit fixed-point multiply (spec §4.2).
+// The high word of a · b, as written (ptxas keeps mul.hi where C's shift would become SHF).
+__device__ __forceinline__ u32 mulhi_u32(u32 a, u32 b) {
+    u32 r;
+    asm("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// R_m(x) in [0, m) for m < 2^16: fold hi ^ lo, fmix32, 16-bit fixed-point multiply (spec §4.2),
+// the value of ((fmix32(f) & 0xFFFF) * m) >> 16. The search loops run this for every key of
+// every candidate and are bound by the integer ALU pipe (shifts, logic, adds), while multiplies
+// go to the FMA pipe. So the same value is computed with part of the work moved to multiplies:
+// - f ^= f >> 16 as f ^ mulhi(f, 2^16) (mul.hi by 2^k is a right shift by 32 − k);
+// - with g the word before fmix32's last step, (fmix32 & 0xFFFF) << 16 equals
+//   (g << 16) ^ (g & 0xFFFF0000), and mulhi((v & 0xFFFF) << 16, m) equals ((v & 0xFFFF) * m) >> 16.
+// The second xor-shift stays a shift so that the two pipes carry about equal work.
 __device__ __forceinline__ u32 range_h32(u64 x, u32 m) {
     u32 f = (u32)(x >> 32) ^ (u32)x;
-    return ((fmix32(f) & 0xFFFFu) * m) >> 16;
+    f ^= mulhi_u32(f, 1u << 16);
+    f *= 0x85ebca6bu;
+    f ^= f >> 13;
+    f *= 0xc2b2ae35u;
+    return __umulhi((f << 16) ^ (f & 0xFFFF0000u), m);
 }
 
 // Stafford's Mix13 64-bit finalizer, a bijection on u64 (src/core/hash.rs mix64, spec §4.2).

@@ -51,6 +51,37 @@ pub fn solver_for(device: Device, n_keys: u64, params: &Params) -> (Option<Arc<d
     }
 }
 
+/// Rows from which `auto` makes slot maps on the GPU: below it the device round trips and the
+/// index upload cost more than the CPU's lookups.
+pub const GPU_SLOT_MAP_MIN_ROWS: u64 = 1 << 22;
+
+/// Who makes the slot maps of `rows` rows of `index` under `device`: the GPU
+/// (`gpu::GpuIndex`, the index uploaded once) or, as `None`, the CPU; and a one-line notice
+/// when the GPU was asked for explicitly, or chosen by `auto`, but cannot take the index.
+pub fn slot_source_for(
+    device: Device,
+    rows: u64,
+    index: &crate::core::column::ColumnIndex,
+) -> (Option<Box<dyn crate::index::SlotSource>>, Option<String>) {
+    if !wants_gpu(device, || rows >= GPU_SLOT_MAP_MIN_ROWS) {
+        return (None, None);
+    }
+    #[cfg(feature = "cuda")]
+    let gpu = crate::gpu::GpuIndex::new(index).map(|g| Box::new(g) as Box<dyn crate::index::SlotSource>);
+    #[cfg(not(feature = "cuda"))]
+    let gpu: Result<Box<dyn crate::index::SlotSource>, GpuError> = {
+        let _ = index;
+        Err(GpuError::NotBuilt)
+    };
+    match gpu {
+        Ok(source) => (Some(source), None),
+        Err(e) => (
+            None,
+            Some(format!("slot maps on the CPU: the GPU cannot take the index ({e})")),
+        ),
+    }
+}
+
 /// Whether a GPU may be usable, without starting it (the context's outcome once created, else
 /// whether a CUDA driver library is present). For figures that are shown but not acted on, such
 /// as `EXPLAIN`'s GPU estimate of a node placed on the CPU: planning must not pay the GPU's

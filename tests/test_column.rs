@@ -796,3 +796,25 @@ fn save_refuses_special_targets_and_leaves_no_temp_files() {
         .collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
 }
+
+/// Slots past 2^32 (issue 21): an index with more than 2^32 slots hands out `UInt64` slots and
+/// keeps every value; one with exactly 2^32 keeps `UInt32` (its last slot, 2^32 − 1, still fits),
+/// and absent rows are NULL in both.
+#[test]
+fn slot_arrays_widen_past_two_to_the_32() {
+    use arrow::array::{AsArray, UInt32Array, UInt64Array};
+    use arrow::datatypes::{DataType, UInt32Type, UInt64Type};
+    use datafusion_mphf::core::column::{slot_array, slot_type_for, ABSENT};
+    let two32 = 1u64 << 32;
+    assert_eq!(slot_type_for(two32), DataType::UInt32);
+    assert_eq!(slot_type_for(two32 + 1), DataType::UInt64);
+
+    let wide = slot_array(vec![0, two32 - 1, two32, ABSENT, two32 + 704], two32 + 705);
+    let wide = wide.as_primitive::<UInt64Type>();
+    let expected = UInt64Array::from(vec![Some(0), Some(two32 - 1), Some(two32), None, Some(two32 + 704)]);
+    assert_eq!(wide, &expected);
+
+    let narrow = slot_array(vec![two32 - 1, ABSENT, 7], two32);
+    let narrow = narrow.as_primitive::<UInt32Type>();
+    assert_eq!(narrow, &UInt32Array::from(vec![Some(u32::MAX), None, Some(7)]));
+}

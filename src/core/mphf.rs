@@ -253,3 +253,54 @@ impl Mphf {
         Mphf::read(&mut r)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::build::Builder;
+    use crate::core::hash::{Hash128, Key};
+
+    /// Slots past 2^32 (issue 21): a synthetic MPHF of 2 147 484 buckets of 2000 keys
+    /// (4 294 968 000 slots), every bucket sharing the descriptors of one real bucket (σ = 0
+    /// for all; λ counts 2000 keys a bucket). The last bucket's slots run from 4 294 966 000 to
+    /// 4 294 967 999, across 2^32. Querying it with the real bucket's in-bucket hashes must give
+    /// exactly that range, one slot each: no step of the query (Elias–Fano, the tree walk, the
+    /// offset add) may truncate to 32 bits. (The synthetic MPHF is for queries only: its shared
+    /// codes are not a valid file, and `read_bytes` refuses them.)
+    #[test]
+    fn slots_cross_two_to_the_32() {
+        const PER_BUCKET: u64 = 2000;
+        const BUCKETS: u64 = 2_147_484;
+        let params = Params::try_new(8, PER_BUCKET as usize, false).unwrap();
+        let keys: Vec<u64> = (0..PER_BUCKET).map(|i| i * 7919 + 13).collect();
+        let one = Builder::new(params).build(&keys[..]).unwrap();
+        assert_eq!(one.num_buckets(), 1);
+
+        let cum: Vec<u64> = (0..=BUCKETS).map(|i| i * PER_BUCKET).collect();
+        let sigma = vec![0u64; cum.len()];
+        let n = BUCKETS * PER_BUCKET;
+        let big = Mphf::from_parts(
+            params,
+            n,
+            one.seed,
+            one.hash_kind,
+            one.rice.clone(),
+            DoubleEliasFano::new(&cum, &sigma),
+        );
+        assert!(n > 1 << 32);
+        let base = (BUCKETS - 1) * PER_BUCKET;
+        let last_bucket = |k: &u64| Hash128 {
+            hi: u64::MAX,
+            lo: k.hash128(one.seed).lo,
+        };
+        assert_eq!(big.len(), n);
+        let mut slots: Vec<u64> = keys.iter().map(|k| big.index_hash(last_bucket(k))).collect();
+        for (k, &s) in keys.iter().zip(&slots) {
+            assert_eq!(s, base + one.index(k), "key {k}");
+        }
+        slots.sort_unstable();
+        assert_eq!(slots, (base..base + PER_BUCKET).collect::<Vec<u64>>());
+        assert!(slots[0] < 1 << 32 && *slots.last().unwrap() >= 1 << 32);
+        assert!(Mphf::read_bytes(&big.write_bytes()).is_err());
+    }
+}

@@ -199,6 +199,13 @@ impl GpuSolver {
                 ((free / 2) / DEVICE_BYTES_PER_KEY).clamp(1 << 16, 1 << 28) as u64
             }
         };
+        if self.profile {
+            eprintln!(
+                "gpu: {} keys in {nb} buckets, chunks of at most {chunk_keys} keys ({} MiB of device memory at {DEVICE_BYTES_PER_KEY} B/key)",
+                keys.len(),
+                (chunk_keys.min(keys.len() as u64) * DEVICE_BYTES_PER_KEY as u64) >> 20
+            );
+        }
         let mut b = 0usize;
         let mut done = 0usize;
         while b < nb {

@@ -66,6 +66,33 @@ pub const KERNEL_NAMES: [&str; 4] = ["split_high", "split_agg", "leaf_pass", "le
 /// Architecture used when no device says otherwise (the H200's).
 pub const DEFAULT_ARCH: &str = "compute_90";
 
+/// The source of kernel file `name`: the built-in text, or, when `MPHF_GPU_KERNELS` names a
+/// directory, that directory's file of the same name. The override exists for device
+/// experiments (A/B runs of kernel variants without a new binary); a file that cannot be read
+/// there falls back to the built-in text with a one-line notice, so a typo cannot change
+/// results silently.
+fn kernel_text(name: &str, builtin: &'static str) -> std::borrow::Cow<'static, str> {
+    let Some(dir) = std::env::var_os("MPHF_GPU_KERNELS") else {
+        return builtin.into();
+    };
+    let path = std::path::Path::new(&dir).join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.into(),
+        Err(e) => {
+            eprintln!(
+                "MPHF_GPU_KERNELS: cannot read {} ({e}); using the built-in {name}",
+                path.display()
+            );
+            builtin.into()
+        }
+    }
+}
+
+/// `common.cuh` as compiled (see [`kernel_text`]).
+fn common_cuh() -> std::borrow::Cow<'static, str> {
+    kernel_text("common.cuh", COMMON_CUH)
+}
+
 /// A `.cu` file without its `#include "common.cuh"` line (NVRTC is given no include path).
 fn strip_include(s: &str) -> String {
     s.lines()
@@ -78,20 +105,29 @@ fn strip_include(s: &str) -> String {
 /// `#include "common.cuh"` lines.
 pub fn module_source() -> String {
     format!(
-        "{COMMON_CUH}\n{}\n{}\n",
-        strip_include(SPLIT_CU),
-        strip_include(LEAF_CU)
+        "{}\n{}\n{}\n",
+        common_cuh(),
+        strip_include(&kernel_text("split.cu", SPLIT_CU)),
+        strip_include(&kernel_text("leaf.cu", LEAF_CU))
     )
 }
 
 /// The query module's source (`common.cuh` + `query.cu`).
 pub fn query_source() -> String {
-    format!("{COMMON_CUH}\n{}\n", strip_include(QUERY_CU))
+    format!(
+        "{}\n{}\n",
+        common_cuh(),
+        strip_include(&kernel_text("query.cu", QUERY_CU))
+    )
 }
 
 /// The GROUP BY module's source (`common.cuh` + `groupby.cu`).
 pub fn groupby_source() -> String {
-    format!("{COMMON_CUH}\n{}\n", strip_include(GROUPBY_CU))
+    format!(
+        "{}\n{}\n",
+        common_cuh(),
+        strip_include(&kernel_text("groupby.cu", GROUPBY_CU))
+    )
 }
 
 /// NVRTC options of the query module for (`leaf`, `rotation`): the tree constants A1, A2, the

@@ -34,8 +34,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, UInt32Array, UInt64Array};
-use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::buffer::Buffer;
 use arrow::datatypes::DataType;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use rayon::prelude::*;
@@ -164,6 +164,54 @@ impl DeviceProbe {
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
+}
+
+/// Rows of a file gathered before each GPU round trip when slot maps are made on the GPU.
+const SLOT_SOURCE_ROWS: usize = 1 << 24;
+
+/// Slot maps made on the GPU ([`SlotMaps::build_with`](crate::index::SlotMaps::build_with)):
+/// each call sends millions of rows through [`GpuIndex::slot_map`].
+impl crate::index::SlotSource for GpuIndex {
+    fn append_slots(&self, keys: &[ArrayRef], out: &mut Vec<u32>) -> crate::error::Result<()> {
+        let parts: Vec<&dyn Array> = keys.iter().map(|k| k.as_ref()).collect();
+        let slots = self
+            .slot_map(&parts)
+            .map_err(|e| crate::error::MphfError::SlotMap(format!("the GPU lookups failed: {e}")))?;
+        out.extend_from_slice(&slots);
+        Ok(())
+    }
+
+    fn rows_per_call(&self) -> usize {
+        SLOT_SOURCE_ROWS
+    }
+}
+
+/// Rows per device round trip of [`GpuIndex::slot_map`] (2^26: 512 MiB of 8-byte keys and
+/// 256 MiB of slots on the device).
+pub const SLOT_MAP_CHUNK_ROWS: usize = 1 << 26;
+
+/// `parts` cut into consecutive chunks of at most `chunk_rows` rows (zero-copy slices).
+fn row_chunks(parts: &[&dyn Array], chunk_rows: usize) -> Vec<Vec<ArrayRef>> {
+    let mut chunks = Vec::new();
+    let mut current: Vec<ArrayRef> = Vec::new();
+    let mut filled = 0usize;
+    for part in parts {
+        let mut off = 0usize;
+        while off < part.len() {
+            let take = (chunk_rows - filled).min(part.len() - off);
+            current.push(part.slice(off, take));
+            off += take;
+            filled += take;
+            if filled == chunk_rows {
+                chunks.push(std::mem::take(&mut current));
+                filled = 0;
+            }
+        }
+    }
+    if !current.is_empty() {
+        chunks.push(current);
+    }
+    chunks
 }
 
 /// A column index resident on the GPU (see the module docs).
@@ -680,14 +728,42 @@ impl GpuIndex {
     pub fn lookup(&self, probe: &dyn Array) -> Result<ArrayRef, GpuError> {
         let mut slots = Vec::new();
         self.lookup_slots(probe, &mut slots)?;
-        let valid = BooleanBuffer::collect_bool(slots.len(), |i| slots[i] != ABSENT);
-        let nulls = NullBuffer::new(valid);
-        let nulls = (nulls.null_count() > 0).then_some(nulls);
-        Ok(if self.params.len > 1 << 32 {
-            Arc::new(UInt64Array::new(slots.into(), nulls))
-        } else {
-            let values: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
-            Arc::new(UInt32Array::new(values.into(), nulls))
+        Ok(crate::core::column::slot_array(slots, self.params.len))
+    }
+
+    /// The slot of every row of a key column given as `parts` (e.g. the batches of a file), as
+    /// a slot map stores them: `out[r]` is the slot of row r, or [`ABSENT32`] for a NULL or
+    /// absent key. Identical to [`ColumnIndex::lookup_slots`] on every row.
+    ///
+    /// The column goes through the device in chunks of at most [`SLOT_MAP_CHUNK_ROWS`] rows, so
+    /// device memory stays bounded whatever the row count: each chunk is copied into pinned
+    /// memory on all cores, sent by DMA, looked up, and its u32 slots come back by DMA.
+    ///
+    /// # Errors
+    /// An index with `u32::MAX` or more slots; as [`GpuIndex::upload`] and
+    /// [`GpuIndex::lookup_device_into`].
+    pub fn slot_map(&self, parts: &[&dyn Array]) -> Result<Vec<u32>, GpuError> {
+        guarded("the GPU slot map", || {
+            let rows: usize = parts.iter().map(|p| p.len()).sum();
+            let mut out = crate::error::try_with_capacity(rows, || format!("the slots of {rows} rows"))
+                .map_err(|e| GpuError::Unsupported(e.to_string()))?;
+            out.resize(rows, ABSENT32);
+            let chunk_rows = SLOT_MAP_CHUNK_ROWS.min(rows.max(2).next_multiple_of(2));
+            // SAFETY: every element a download reads is written by the lookup of the same chunk
+            // first (one value per row; the download rounds up to an even count, and the
+            // buffer's extra element is never read as a slot).
+            let mut device = unsafe { self.ctx.stream().alloc::<u32>(chunk_rows) }
+                .map_err(GpuError::alloc::<u32>("allocating slots", chunk_rows))?;
+            let mut at = 0usize;
+            for chunk in row_chunks(parts, chunk_rows) {
+                let refs: Vec<&dyn Array> = chunk.iter().map(|a| a.as_ref()).collect();
+                let probe = self.upload_inner(&refs)?;
+                self.lookup_device_into(&probe, Combine::Auto, &mut device)?;
+                let n = probe.rows;
+                self.ctx.download_staged_u32(&device, &mut out[at..at + n])?;
+                at += n;
+            }
+            Ok(out)
         })
     }
 
@@ -781,5 +857,31 @@ impl GpuIndex {
         // kernel's slot width (the kernel is chosen by `S::WIDE`). The kernel writes only `out`.
         unsafe { l.launch(cfg) }.map_err(GpuError::driver("launching the lookup kernel"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+
+    /// Chunks cover every row once, in order, with no chunk above the limit, across part
+    /// boundaries (parts of 5, 0 and 7 rows in chunks of 4: 4, 4, 4).
+    #[test]
+    fn row_chunks_cover_every_row_in_order() {
+        let a = Int64Array::from((0..5).collect::<Vec<i64>>());
+        let b = Int64Array::from(Vec::<i64>::new());
+        let c = Int64Array::from((5..12).collect::<Vec<i64>>());
+        let parts: [&dyn Array; 3] = [&a, &b, &c];
+        let chunks = row_chunks(&parts, 4);
+        let sizes: Vec<usize> = chunks.iter().map(|c| c.iter().map(|a| a.len()).sum()).collect();
+        assert_eq!(sizes, vec![4, 4, 4]);
+        let rows: Vec<i64> = chunks
+            .iter()
+            .flatten()
+            .flat_map(|a| a.as_primitive::<arrow::datatypes::Int64Type>().values().to_vec())
+            .collect();
+        assert_eq!(rows, (0..12).collect::<Vec<i64>>());
+        assert!(row_chunks(&[&b as &dyn Array], 4).is_empty());
     }
 }

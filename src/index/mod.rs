@@ -11,4 +11,4 @@ pub mod file_stamp;
 pub mod slot_map;
 
 pub use file_stamp::FileStamp;
-pub use slot_map::{FileSlots, SlotMaps, NO_SLOT};
+pub use slot_map::{CpuSlots, FileSlots, SlotMaps, SlotSource, NO_SLOT};

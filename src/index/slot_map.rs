@@ -27,7 +27,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::Array;
+use arrow::array::{Array, ArrayRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use rayon::prelude::*;
@@ -89,13 +89,27 @@ impl SlotMaps {
     /// or lacks the column, or a non-NULL key is not in the index (the index is not of these
     /// files); I/O and allocation failures.
     pub fn build(stamps: &[FileStamp], column: &str, index: &ColumnIndex) -> Result<SlotMaps> {
+        Self::build_with(stamps, column, index, &CpuSlots(index))
+    }
+
+    /// As [`SlotMaps::build`], with the lookups made by `source` (e.g. the GPU's). The result
+    /// is the same: every source gives every row the index's slot.
+    ///
+    /// # Errors
+    /// As [`SlotMaps::build`], and the source's failures.
+    pub fn build_with(
+        stamps: &[FileStamp],
+        column: &str,
+        index: &ColumnIndex,
+        source: &dyn SlotSource,
+    ) -> Result<SlotMaps> {
         if index.len() >= u64::from(NO_SLOT) {
             return Err(corrupt(format!("{} slots do not fit in 32 bits", index.len())));
         }
         let files = stamps
             .par_iter()
             .map(|stamp| {
-                let slots = file_slots(&stamp.path, column, index)?;
+                let slots = file_slots(&stamp.path, column, source)?;
                 Ok((
                     stamp.path.clone(),
                     Arc::new(FileSlots {
@@ -257,8 +271,43 @@ impl SlotMaps {
     }
 }
 
-/// The slots of the rows of `column` of the Parquet file at `path`.
-fn file_slots(path: &Path, column: &str, index: &ColumnIndex) -> Result<Vec<u32>> {
+/// Who looks up the slots of a file's rows for [`SlotMaps::build_with`]: the CPU
+/// ([`CpuSlots`]) or an accelerator. One interface, so that the file format and its checks do
+/// not depend on where the lookups ran.
+pub trait SlotSource: Send + Sync {
+    /// Appends the slot of every row of `keys` (consecutive batches of one file) to `out`:
+    /// the index's slot, or [`NO_SLOT`] for a NULL or absent key (the caller tells the two
+    /// apart).
+    ///
+    /// # Errors
+    /// Lookup failures (a key type the index cannot take, a device failure).
+    fn append_slots(&self, keys: &[ArrayRef], out: &mut Vec<u32>) -> Result<()>;
+
+    /// Rows to gather before each call (the CPU takes one batch at a time; a device wants
+    /// millions of rows per round trip).
+    fn rows_per_call(&self) -> usize;
+}
+
+/// The CPU's lookups ([`ColumnIndex::lookup_slots`]), one batch at a time.
+pub struct CpuSlots<'a>(pub &'a ColumnIndex);
+
+impl SlotSource for CpuSlots<'_> {
+    fn append_slots(&self, keys: &[ArrayRef], out: &mut Vec<u32>) -> Result<()> {
+        let mut found = Vec::new();
+        for batch in keys {
+            self.0.lookup_slots(batch.as_ref(), &mut found)?;
+            out.extend(found.iter().map(|&s| if s == ABSENT { NO_SLOT } else { s as u32 }));
+        }
+        Ok(())
+    }
+
+    fn rows_per_call(&self) -> usize {
+        1
+    }
+}
+
+/// The slots of the rows of `column` of the Parquet file at `path`, looked up by `source`.
+fn file_slots(path: &Path, column: &str, source: &dyn SlotSource) -> Result<Vec<u32>> {
     let parquet_err = |e: parquet::errors::ParquetError| corrupt(format!("{}: {e}", path.display()));
     let builder = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?).map_err(parquet_err)?;
     let Some(root) = builder.schema().fields().iter().position(|f| f.name() == column) else {
@@ -272,21 +321,45 @@ fn file_slots(path: &Path, column: &str, index: &ColumnIndex) -> Result<Vec<u32>
         .build()
         .map_err(parquet_err)?;
     let mut slots: Vec<u32> = try_with_capacity(rows, || format!("the slots of {rows} rows"))?;
-    let mut found = Vec::new();
-    for batch in reader {
-        let batch = batch?;
-        let keys = batch.column(0);
-        index.lookup_slots(keys.as_ref(), &mut found)?;
-        for (i, &s) in found.iter().enumerate() {
-            if s == ABSENT && keys.is_valid(i) {
+    let mut pending: Vec<ArrayRef> = Vec::new();
+    let mut pending_rows = 0usize;
+    let flush = |pending: &mut Vec<ArrayRef>, slots: &mut Vec<u32>| -> Result<()> {
+        let start = slots.len();
+        source.append_slots(pending, slots)?;
+        let expected: usize = pending.iter().map(|k| k.len()).sum();
+        if slots.len() - start != expected {
+            return Err(corrupt(format!(
+                "{}: the lookups gave {} slots for {expected} rows",
+                path.display(),
+                slots.len() - start
+            )));
+        }
+        let mut at = start;
+        for keys in pending.iter() {
+            let got = &slots[at..at + keys.len()];
+            if let Some(i) = (0..keys.len()).find(|&i| got[i] == NO_SLOT && keys.is_valid(i)) {
                 return Err(corrupt(format!(
                     "a key of {} is not in the index (row {})",
                     path.display(),
-                    slots.len() + i
+                    at + i
                 )));
             }
-            slots.push(if s == ABSENT { NO_SLOT } else { s as u32 });
+            at += keys.len();
         }
+        pending.clear();
+        Ok(())
+    };
+    for batch in reader {
+        let batch = batch?;
+        pending_rows += batch.num_rows();
+        pending.push(Arc::clone(batch.column(0)));
+        if pending_rows >= source.rows_per_call() {
+            flush(&mut pending, &mut slots)?;
+            pending_rows = 0;
+        }
+    }
+    if !pending.is_empty() {
+        flush(&mut pending, &mut slots)?;
     }
     Ok(slots)
 }
@@ -320,5 +393,130 @@ impl<'a> Reader<'a> {
             return Err(corrupt("truncated"));
         }
         Ok(n as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::column::IndexOptions;
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+    use parquet::arrow::ArrowWriter;
+
+    /// One Parquet file of one Int64 column `k` with `rows` (written in batches of 1000).
+    fn write(path: &Path, rows: &[Option<i64>]) -> FileStamp {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), Arc::clone(&schema), None).unwrap();
+        for chunk in rows.chunks(1000) {
+            let col = Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef;
+            w.write(&RecordBatch::try_new(Arc::clone(&schema), vec![col]).unwrap())
+                .unwrap();
+        }
+        w.close().unwrap();
+        FileStamp::of(path).unwrap()
+    }
+
+    /// Looks up through the CPU, but as a device would: whole gathers of `rows` rows in one
+    /// call, NO_SLOT for NULL and absent alike. `drop_last` loses a row, `miss` reports that
+    /// key as absent.
+    struct Gathered<'a> {
+        index: &'a ColumnIndex,
+        rows: usize,
+        drop_last: bool,
+        miss: Option<i64>,
+    }
+
+    impl SlotSource for Gathered<'_> {
+        fn append_slots(&self, keys: &[ArrayRef], out: &mut Vec<u32>) -> Result<()> {
+            let refs: Vec<&dyn Array> = keys.iter().map(|k| k.as_ref()).collect();
+            let all = arrow::compute::concat(&refs)?;
+            let mut found = Vec::new();
+            self.index.lookup_slots(all.as_ref(), &mut found)?;
+            let values = all.as_any().downcast_ref::<Int64Array>().unwrap();
+            for (i, &s) in found.iter().enumerate() {
+                let missed = values.is_valid(i) && Some(values.value(i)) == self.miss;
+                out.push(if s == ABSENT || missed { NO_SLOT } else { s as u32 });
+            }
+            if self.drop_last {
+                out.pop();
+            }
+            Ok(())
+        }
+
+        fn rows_per_call(&self) -> usize {
+            self.rows
+        }
+    }
+
+    /// A source that gathers many batches per call makes the same slot maps as the CPU's
+    /// batch-at-a-time lookups, NULL rows included; a source that loses a row or misses a key
+    /// is an error naming the file, never a shifted or wrong map.
+    #[test]
+    fn every_source_makes_the_same_slot_maps() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<i64> = (0..5000).map(|i| i * 37 + 11).collect();
+        let rows_a: Vec<Option<i64>> = (0..150_000)
+            .map(|i| (i % 13 != 0).then_some(keys[(i * 7919) % keys.len()]))
+            .collect();
+        let rows_b: Vec<Option<i64>> = keys.iter().rev().map(|&k| Some(k)).collect();
+        let stamps = vec![
+            write(&dir.path().join("a.parquet"), &rows_a),
+            write(&dir.path().join("b.parquet"), &rows_b),
+        ];
+        let index = ColumnIndex::build(
+            &[Arc::new(Int64Array::from(keys.clone())) as ArrayRef],
+            &IndexOptions {
+                params: crate::core::Params::DEFAULT,
+                seed: 0,
+                threads: None,
+                solver: None,
+            },
+        )
+        .unwrap();
+        let cpu = SlotMaps::build(&stamps, "k", &index).unwrap();
+        for rows in [1, 100_000, 1 << 20] {
+            let source = Gathered {
+                index: &index,
+                rows,
+                drop_last: false,
+                miss: None,
+            };
+            let gathered = SlotMaps::build_with(&stamps, "k", &index, &source).unwrap();
+            for stamp in &stamps {
+                assert_eq!(
+                    gathered.file(&stamp.path).unwrap().slots,
+                    cpu.file(&stamp.path).unwrap().slots
+                );
+            }
+        }
+        let a = cpu.file(&stamps[0].path).unwrap();
+        assert_eq!(a.slots.len(), rows_a.len());
+        assert!(a.slots.iter().zip(&rows_a).all(|(&s, r)| (s == NO_SLOT) == r.is_none()));
+
+        let lossy = Gathered {
+            index: &index,
+            rows: 2500,
+            drop_last: true,
+            miss: None,
+        };
+        let err = SlotMaps::build_with(&stamps[1..], "k", &index, &lossy)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("b.parquet: the lookups gave 4999 slots for 5000 rows"),
+            "{err}"
+        );
+        let missing = Gathered {
+            index: &index,
+            rows: 2500,
+            drop_last: false,
+            miss: Some(rows_b[4321].unwrap()),
+        };
+        let err = SlotMaps::build_with(&stamps[1..], "k", &index, &missing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("b.parquet is not in the index (row 4321)"), "{err}");
     }
 }

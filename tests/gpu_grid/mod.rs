@@ -14,12 +14,11 @@ use datafusion_mphf::gpu::{GpuContext, GpuSolver};
 
 /// Deterministic pseudo-random distinct u64 keys (a bijective mixer over a counter).
 pub fn random_keys(n: usize, seed: u64) -> Vec<u64> {
-    let mut x = seed.wrapping_mul(0xA076_1D64_78BD_642F);
-    (0..n)
-        .map(|_| {
-            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            datafusion_mphf::core::hash::mix64(x)
-        })
+    use rayon::prelude::*;
+    let x = seed.wrapping_mul(0xA076_1D64_78BD_642F);
+    (0..n as u64)
+        .into_par_iter()
+        .map(|i| datafusion_mphf::core::hash::mix64(x.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15))))
         .collect()
 }
 

@@ -499,13 +499,9 @@ impl ColumnIndex {
     pub fn stats(&self) -> &ColumnStats {
         &self.stats
     }
-    /// `UInt32`, or `UInt64` when the index has more than 2^32 keys.
+    /// `UInt32`, or `UInt64` when the index has more than 2^32 keys ([`slot_type_for`]).
     pub fn slot_type(&self) -> DataType {
-        if self.len() > 1 << 32 {
-            DataType::UInt64
-        } else {
-            DataType::UInt32
-        }
+        slot_type_for(self.len())
     }
     /// Who solved the buckets at build time ("cpu", or the solver's name).
     pub fn device(&self) -> &str {
@@ -542,15 +538,7 @@ impl ColumnIndex {
     pub fn lookup(&self, probe: &dyn Array) -> Result<ArrayRef> {
         let mut slots = Vec::new();
         self.lookup_slots(probe, &mut slots)?;
-        let valid = BooleanBuffer::collect_bool(slots.len(), |i| slots[i] != ABSENT);
-        let nulls = NullBuffer::new(valid);
-        let nulls = (nulls.null_count() > 0).then_some(nulls);
-        Ok(if self.slot_type() == DataType::UInt32 {
-            let values: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
-            Arc::new(UInt32Array::new(values.into(), nulls))
-        } else {
-            Arc::new(UInt64Array::new(slots.into(), nulls))
-        })
+        Ok(slot_array(slots, self.len()))
     }
 
     /// Raw slots: `out[i]` is the slot of row i, or [`ABSENT`].
@@ -757,4 +745,28 @@ fn read_checked(path: &Path) -> Result<Words> {
     })?;
     file::check_raw(&words.as_bytes()[..len as usize])?;
     Ok(words)
+}
+
+/// The Arrow type of the slots of an index with `n_slots` slots: `UInt32` while every slot
+/// (at most `n_slots − 1`) fits 32 bits, else `UInt64`.
+pub fn slot_type_for(n_slots: u64) -> DataType {
+    if n_slots > 1 << 32 {
+        DataType::UInt64
+    } else {
+        DataType::UInt32
+    }
+}
+
+/// Raw slots (`ABSENT` for NULL or absent keys) as an Arrow array of
+/// [`slot_type_for`]`(n_slots)`, NULL where absent. Used by the CPU and GPU lookups alike.
+pub fn slot_array(slots: Vec<u64>, n_slots: u64) -> ArrayRef {
+    let valid = BooleanBuffer::collect_bool(slots.len(), |i| slots[i] != ABSENT);
+    let nulls = NullBuffer::new(valid);
+    let nulls = (nulls.null_count() > 0).then_some(nulls);
+    if slot_type_for(n_slots) == DataType::UInt32 {
+        let values: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+        Arc::new(UInt32Array::new(values.into(), nulls))
+    } else {
+        Arc::new(UInt64Array::new(slots.into(), nulls))
+    }
 }

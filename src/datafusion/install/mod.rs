@@ -159,7 +159,18 @@ impl Installer<'_> {
         };
         let index = Arc::new(index);
         let slot_maps = match self.tuning.row_slots {
-            true => slot_maps::for_table(self, &inner, &spec.column, &index, info.path.as_deref(), &budget).await?,
+            true => {
+                slot_maps::for_table(
+                    self,
+                    &inner,
+                    &spec.column,
+                    &index,
+                    info.path.as_deref(),
+                    spec.device,
+                    &budget,
+                )
+                .await?
+            }
             false => None,
         };
         let handle = IndexHandle::new(index, info, slot_maps, Some(budget.reservation));

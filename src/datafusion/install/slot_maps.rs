@@ -13,7 +13,9 @@ use ::datafusion::common::{DataFusionError, Result};
 
 use crate::core::column::ColumnIndex;
 use crate::datafusion::persist;
+use crate::device::Device;
 use crate::index::SlotMaps;
+use crate::placement;
 
 use super::{Budget, Installer};
 
@@ -32,6 +34,7 @@ pub(super) async fn for_table(
     column: &str,
     index: &Arc<ColumnIndex>,
     saved: Option<&Path>,
+    device: Device,
     budget: &Budget<'_>,
 ) -> Result<Option<Arc<SlotMaps>>> {
     let Some((_, files)) = persist::data_files(inner.as_ref()) else {
@@ -56,9 +59,23 @@ pub(super) async fn for_table(
         }
     }
     let (index, col) = (Arc::clone(index), column.to_string());
-    let built = tokio::task::spawn_blocking(move || SlotMaps::build(&stamps, &col, &index))
-        .await
-        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let built = tokio::task::spawn_blocking(move || {
+        let (gpu, notice) = placement::slot_source_for(device, rows, &index);
+        let built = match &gpu {
+            Some(source) => SlotMaps::build_with(&stamps, &col, &index, source.as_ref()),
+            None => SlotMaps::build(&stamps, &col, &index),
+        };
+        (built, notice)
+    })
+    .await
+    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let built = match built {
+        (built, Some(notice)) => {
+            installer.notice(&notice);
+            built
+        }
+        (built, None) => built,
+    };
     let maps = match built {
         Ok(maps) => maps,
         Err(e) => {
