@@ -12,6 +12,7 @@
 #            no recipe for it). Without it, `peer` times only our build.
 #   KDIR_A   a directory of kernel sources to compare against the built-in ones in `stages`
 #            (MPHF_GPU_KERNELS, e.g. the kernels/ of an earlier commit); optional.
+#   REPS     processes per configuration in `peer` and `stages` (default 3).
 #
 # Parts:
 #   peer     the issue's table: for each (ℓ, b, n), the peer and our `gpu_bench --one`, three
@@ -51,7 +52,7 @@ for p in $PARTS; do
     peer)
       for cfg in 16,2000,5000000 18,50,5000000 8,100,50000000 12,2000,5000000 16,2000,50000000; do
         IFS=, read -r l b n <<< "$cfg"
-        for rep in 1 2 3; do
+        for rep in $(seq "${REPS:-3}"); do
           if [ -n "${PEER:-}" ]; then
             echo "PEER ($l,$b) n=$n rep=$rep" >> "$OUT/peer.md"
             GRS_WARMUP=1 run peer 120 "$PEER" -n "$n" -q 1000000 -l "$l" -b "$b" -t "$(nproc)" -L rotations
@@ -61,7 +62,7 @@ for p in $PARTS; do
       done ;;
     stages)
       for cfg in 16,2000,1,5000000 18,50,1,5000000; do
-        for rep in 1 2 3; do
+        for rep in $(seq "${REPS:-3}"); do
           MPHF_GPU_PROFILE=1 run stages 60 "$G" --one "$cfg" --reps 1
           if [ -n "${KDIR_A:-}" ]; then
             echo "(kernels of $KDIR_A)" >> "$OUT/stages.md"

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use datafusion::execution::SessionStateBuilder;
@@ -191,6 +191,18 @@ async fn vanilla_rows(dir: &Path, queries: &[String]) -> Vec<Vec<String>> {
     out
 }
 
+/// The `plan` column of `EXPLAIN`'s row of type `plan_type`.
+fn explained_plan(batches: &[RecordBatch], plan_type: &str) -> String {
+    for b in batches {
+        let types = b.column(0).as_string::<i32>();
+        let plans = b.column(1).as_string::<i32>();
+        if let Some(i) = (0..b.num_rows()).find(|&i| types.value(i) == plan_type) {
+            return plans.value(i).to_string();
+        }
+    }
+    panic!("EXPLAIN has no {plan_type} row")
+}
+
 /// A coordinator over `workers` in-memory workers, scans split into many tasks.
 fn cluster(workers: usize, indexes: WorkerIndexes) -> MphfContext {
     let builder = SessionStateBuilder::new()
@@ -242,6 +254,17 @@ async fn tpch_on_in_memory_clusters_gives_vanillas_rows() {
                     .any(|n| text.contains(n))
             {
                 distributed_mphf += 1;
+            }
+            if i == 2 {
+                // Plain EXPLAIN shows the plan that runs: its stages, not the one-process plan.
+                let explained = ctx.sql(&format!("EXPLAIN {q}")).await.unwrap().collect().await.unwrap();
+                let physical = explained_plan(&explained, "physical_plan");
+                assert!(
+                    physical.contains("DistributedExec") && physical.contains("Stage 1"),
+                    "{physical}"
+                );
+                assert_eq!(physical.trim_end(), text.trim_end());
+                assert!(explained_plan(&explained, "logical_plan").contains("Inner Join"));
             }
             let got = rows(
                 &df.collect()

@@ -17,13 +17,19 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ::datafusion::catalog::Session;
+use ::datafusion::common::format::ExplainFormat;
 use ::datafusion::common::{DataFusionError, Result};
+use ::datafusion::execution::context::QueryPlanner;
 use ::datafusion::execution::SessionStateBuilder;
+use ::datafusion::logical_expr::{LogicalPlan, PlanType, StringifiedPlan, ToStringifiedPlan};
+use ::datafusion::physical_plan::explain::ExplainExec;
 use ::datafusion::physical_plan::joins::PartitionMode;
+use ::datafusion::physical_plan::ExecutionPlan;
 use async_trait::async_trait;
 use datafusion_distributed::{
-    grpc, ChannelResolver, DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt,
-    SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
+    display_plan_ascii, grpc, ChannelResolver, DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExec,
+    DistributedExt, SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
 };
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Endpoint, Server};
@@ -51,13 +57,62 @@ pub fn distributed_state(
         .as_ref()
         .and_then(|c| c.options().extensions.get::<MphfConfig>().cloned())
         .unwrap_or_default();
+    let mut builder = builder.with_distributed_planner();
+    if let Some(inner) = builder.query_planner().take() {
+        builder = builder.with_query_planner(Arc::new(StagesInExplain { inner }));
+    }
     builder
-        .with_distributed_planner()
         .with_distributed_option_extension(mphf)
         .with_distributed_desired_task_count_handler(one_task_where_all_input_is_needed)
         .with_distributed_worker_resolver(workers)
         .with_distributed_channel_resolver(channels)
         .with_distributed_user_codec(codec)
+}
+
+/// The distributed query planner, with plain `EXPLAIN` showing the plan that runs: its stages,
+/// their tasks and the network boundaries between them (datafusion-distributed's
+/// `display_plan_ascii`). DataFusion plans `EXPLAIN`'s input inside its own physical planner, so
+/// without this the text would be the single-process plan, which never runs in a distributed
+/// session; `EXPLAIN ANALYZE` and `EXPLAIN VERBOSE` stay as they are (the former already shows
+/// the stages with their metrics).
+#[derive(Debug)]
+struct StagesInExplain {
+    inner: Arc<dyn QueryPlanner + Send + Sync>,
+}
+
+#[async_trait]
+impl QueryPlanner for StagesInExplain {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let explain = &session.config_options().explain;
+        if let LogicalPlan::Explain(e) = logical_plan {
+            if !e.verbose
+                && e.explain_format == ExplainFormat::Indent
+                && e.logical_optimization_succeeded
+                && !explain.logical_plan_only
+            {
+                let physical = self.inner.create_physical_plan(&e.plan, session).await?;
+                if physical.is::<DistributedExec>() {
+                    // The rows DataFusion's planner gives a plain EXPLAIN, with the physical
+                    // plan's text replaced (`ExplainExec` shows only the non-verbose ones).
+                    let mut plans = Vec::new();
+                    if !explain.physical_plan_only {
+                        plans.extend(e.stringified_plans.iter().cloned());
+                        plans.push(e.plan.to_stringified(PlanType::FinalLogicalPlan));
+                    }
+                    plans.push(StringifiedPlan::new(
+                        PlanType::FinalPhysicalPlan,
+                        display_plan_ascii(physical.as_ref(), false),
+                    ));
+                    return Ok(Arc::new(ExplainExec::new(Arc::clone(e.schema.inner()), plans, false)));
+                }
+            }
+        }
+        self.inner.create_physical_plan(logical_plan, session).await
+    }
 }
 
 /// One task for the stage of a node that must see all of its input in one process: the
