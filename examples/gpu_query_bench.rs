@@ -461,10 +461,9 @@ fn slotmap_bench(o: &Opts, ctx: &Arc<GpuContext>) -> usize {
         let (h2d_ms, d2h_ms) = {
             // SAFETY: uninitialized pinned host memory that is only copied, never read as values.
             let keys_host = unsafe { stream.context().alloc_pinned::<u64>(rows) }.unwrap();
-            let slots_host = unsafe { stream.context().alloc_pinned::<u32>(rows) }.unwrap();
+            let mut slots_host = unsafe { stream.context().alloc_pinned::<u32>(rows) }.unwrap();
             let mut keys_dev = unsafe { stream.alloc::<u64>(rows) }.unwrap();
             let slots_dev: CudaSlice<u32> = stream.alloc_zeros(rows).unwrap();
-            let mut slots_host = slots_host;
             let h2d = time_gpu(&stream, 3, || stream.memcpy_htod(&keys_host, &mut keys_dev).unwrap());
             let d2h = time_gpu(&stream, 3, || stream.memcpy_dtoh(&slots_dev, &mut slots_host).unwrap());
             (h2d, d2h)

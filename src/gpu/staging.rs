@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use arrow::array::{Array, BooleanBufferBuilder};
 use cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaView, PinnedHostSlice};
 use rayon::prelude::*;
 
 use super::{GpuContext, GpuError};
@@ -132,23 +132,7 @@ impl GpuContext {
     /// Pinned allocation, copy or synchronization failures.
     pub(crate) fn download_staged(&self, device: &CudaSlice<u64>, words: usize) -> Result<Vec<u64>, GpuError> {
         let words = words.min(device.len());
-        let mut guard = self
-            .staging
-            .download
-            .lock()
-            .map_err(|_| GpuError::Poisoned { what: "staging buffer" })?;
-        ensure(self, &mut guard, words, 0)?;
-        let buffer = guard.as_mut().ok_or_else(no_buffer)?;
-        let host = &mut buffer
-            .as_mut_slice()
-            .map_err(GpuError::driver("waiting for the staging buffer"))?[..words];
-        self.stream
-            .memcpy_dtoh(&device.slice(..words), &mut *host)
-            .map_err(GpuError::driver("copying from the device"))?;
-        self.stream
-            .synchronize()
-            .map_err(GpuError::driver("synchronizing the download"))?;
-        Ok(host.par_iter().copied().collect())
+        self.download_words(&device.slice(..words), |host| host.par_iter().copied().collect())
     }
 
     /// Copies the first `out.len()` u32 of `device` into `out` through the pinned download
@@ -158,10 +142,31 @@ impl GpuContext {
     /// A device slice too short to hold `out.len()` values rounded up to an even count; pinned
     /// allocation, copy or synchronization failures.
     pub(crate) fn download_staged_u32(&self, device: &CudaSlice<u32>, out: &mut [u32]) -> Result<(), GpuError> {
-        let words = out.len().div_ceil(2);
         if out.is_empty() {
             return Ok(());
         }
+        let words = out.len().div_ceil(2);
+        // SAFETY: a view of the first `words` u64 of the u32 buffer's memory; `transmute` checks
+        // that `device` holds at least `2 · words` u32 and returns None otherwise. Every bit
+        // pattern is a valid u64.
+        let view = unsafe { device.transmute::<u64>(words) }.ok_or_else(|| {
+            GpuError::LengthMismatch(format!("a slot buffer of {} for {} rows", device.len(), out.len()))
+        })?;
+        self.download_words(&view, |host| {
+            // SAFETY: a u32 view of the words just written (u32's alignment divides u64's, and
+            // the view covers exactly the words' bytes); it lives no longer than `host`.
+            let values = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u32>(), host.len() * 2) };
+            let len = out.len();
+            out.par_chunks_mut(1 << 16)
+                .zip(values[..len].par_chunks(1 << 16))
+                .for_each(|(o, v)| o.copy_from_slice(v));
+        })
+    }
+
+    /// Copies `device` into the pinned download buffer (under its mutex, synchronized) and
+    /// hands the copied words to `read`.
+    fn download_words<R>(&self, device: &CudaView<'_, u64>, read: impl FnOnce(&[u64]) -> R) -> Result<R, GpuError> {
+        let words = device.len();
         let mut guard = self
             .staging
             .download
@@ -172,25 +177,12 @@ impl GpuContext {
         let host = &mut buffer
             .as_mut_slice()
             .map_err(GpuError::driver("waiting for the staging buffer"))?[..words];
-        // SAFETY: a view of the first `words` u64 of the u32 buffer's memory; `transmute` checks
-        // that `device` holds at least `2 · words` u32 and returns None otherwise. Every bit
-        // pattern is a valid u64.
-        let view = unsafe { device.transmute::<u64>(words) }.ok_or_else(|| {
-            GpuError::LengthMismatch(format!("a slot buffer of {} for {} rows", device.len(), out.len()))
-        })?;
         self.stream
-            .memcpy_dtoh(&view, &mut *host)
+            .memcpy_dtoh(device, &mut *host)
             .map_err(GpuError::driver("copying from the device"))?;
         self.stream
             .synchronize()
             .map_err(GpuError::driver("synchronizing the download"))?;
-        // SAFETY: a u32 view of the words just written (u32's alignment divides u64's, and the
-        // view covers exactly the words' bytes); it lives no longer than `host`.
-        let values = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u32>(), words * 2) };
-        let len = out.len();
-        out.par_chunks_mut(1 << 16)
-            .zip(values[..len].par_chunks(1 << 16))
-            .for_each(|(o, v)| o.copy_from_slice(v));
-        Ok(())
+        Ok(read(host))
     }
 }
