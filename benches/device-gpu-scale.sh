@@ -12,7 +12,8 @@
 #            no recipe for it). Without it, `peer` times only our build.
 #   KDIR_A   a directory of kernel sources to compare against the built-in ones in `stages`
 #            (MPHF_GPU_KERNELS, e.g. the kernels/ of an earlier commit); optional.
-#   REPS     processes per configuration in `peer` and `stages` (default 3).
+#   REPS     processes per configuration in `peer`, `stages` and `host` (default 3).
+#   CFGS     the `peer` configurations as ℓ,b,n words (default: the issue's five rows).
 #
 # Parts:
 #   peer     the issue's table: for each (ℓ, b, n), the peer and our `gpu_bench --one`, three
@@ -21,6 +22,9 @@
 #            the built-in kernels and with KDIR_A, interleaved.
 #   ncu      Nsight Compute on the split_agg launches at (16, 2000) and the leaf passes at
 #            (18, 50) (clock control off, as the host's METHOD.md asks).
+#   host     host stages of whole builds (MPHF_BUILD_PROFILE=1: bucketing, checks, solve, encoding,
+#            Elias–Fano; with MPHF_GPU_PROFILE=1 the device stages inside solve) at (8, 100),
+#            n = 5·10^7, and (16, 2000), n = 5·10^6.
 #   huge     10^9 random keys at (8, 100) with rotation, end to end, bijection checked on the host.
 #   slotmap  slot maps of 10^8 and 10^9 rows: resident, end to end, copy floors, CPU equality.
 #   grid     the byte-equality grid against the CPU build (ℓ 2..=24 × b × rotation).
@@ -50,7 +54,7 @@ PARTS=${PARTS:-peer stages huge slotmap}
 for p in $PARTS; do
   case $p in
     peer)
-      for cfg in 16,2000,5000000 18,50,5000000 8,100,50000000 12,2000,5000000 16,2000,50000000; do
+      for cfg in ${CFGS:-16,2000,5000000 18,50,5000000 8,100,50000000 12,2000,5000000 16,2000,50000000}; do
         IFS=, read -r l b n <<< "$cfg"
         for rep in $(seq "${REPS:-3}"); do
           if [ -n "${PEER:-}" ]; then
@@ -68,6 +72,13 @@ for p in $PARTS; do
             echo "(kernels of $KDIR_A)" >> "$OUT/stages.md"
             MPHF_GPU_KERNELS="$KDIR_A" MPHF_GPU_PROFILE=1 run stages 60 "$G" --one "$cfg" --reps 1
           fi
+        done
+      done ;;
+    host)
+      for cfg in 8,100,1,50000000 16,2000,1,5000000; do
+        for rep in $(seq "${REPS:-3}"); do
+          echo "HOST $cfg rep=$rep" >> "$OUT/err.txt"
+          MPHF_BUILD_PROFILE=1 MPHF_GPU_PROFILE=1 run host 120 "$G" --one "$cfg" --reps 1
         done
       done ;;
     ncu)

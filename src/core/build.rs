@@ -283,10 +283,14 @@ impl Builder {
         let num_buckets = self.params.num_buckets(n);
         let mut seed = self.seed;
         let mut last_bucket_failure = 0usize;
+        let mut clock = StageClock::from_env();
         for attempt in 1..=self.max_seeds {
             report.attempts = attempt;
             let (mut lo, offsets) = bucketize(keys, seed, num_buckets)?;
-            match check_buckets(&mut lo, &offsets) {
+            clock.lap("bucketize");
+            let checked = check_buckets(&mut lo, &offsets);
+            clock.lap("check");
+            match checked {
                 Ok(()) => {}
                 Err(SolveError::DuplicateLo { bucket, lo: dup }) => {
                     if let Some(key) = find_duplicate(keys, seed, num_buckets, bucket, dup) {
@@ -316,10 +320,13 @@ impl Builder {
                 },
                 None => None,
             };
+            clock.lap("solve");
             let result = match descriptors {
                 Some(d) => encode_from_descriptors(&self.params, &offsets, &d),
                 None => solve_and_encode_cpu(&self.params, &mut lo, &offsets, self.watchdog, self.progress.as_deref()),
             };
+            clock.lap("encode");
+            free_in_background(lo);
             let (rice, sigma) = match result {
                 Ok(r) => r,
                 Err(SolveError::Watchdog { keys }) => {
@@ -331,6 +338,7 @@ impl Builder {
                 Err(e) => unreachable!("solving reports only watchdog errors: {e}"),
             };
             let ef = DoubleEliasFano::new(&offsets, &sigma);
+            clock.lap("elias-fano");
             return Ok(Mphf::from_parts(self.params, n, seed, keys.hash_kind(), rice, ef));
         }
         if last_bucket_failure > 0 {
@@ -348,16 +356,55 @@ impl Builder {
     }
 }
 
+/// Per-stage wall times of one build, printed to stderr when `MPHF_BUILD_PROFILE` is set
+/// (a diagnostic for benchmarks; silent and free otherwise).
+struct StageClock {
+    last: Option<std::time::Instant>,
+}
+
+impl StageClock {
+    fn from_env() -> Self {
+        Self {
+            last: std::env::var_os("MPHF_BUILD_PROFILE").map(|_| std::time::Instant::now()),
+        }
+    }
+
+    fn lap(&mut self, stage: &str) {
+        if let Some(last) = self.last.as_mut() {
+            eprintln!("build: {stage:>10} {:9.2} ms", last.elapsed().as_secs_f64() * 1e3);
+            *last = std::time::Instant::now();
+        }
+    }
+}
+
 /// A vector of `n` copies of `value`, allocated fallibly ([`try_with_capacity`]).
 fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
-    let mut v = try_with_capacity(n, || {
+    let mut v = reserved_for_keys(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// Drops a large vector on a helper thread: returning hundreds of MB to the system takes tens
+/// of milliseconds that the build need not wait for. Small vectors, or a failed thread start,
+/// drop here.
+fn free_in_background<T: Send + 'static>(v: Vec<T>) {
+    if v.capacity().saturating_mul(std::mem::size_of::<T>()) >= 64 << 20 {
+        // On a failed start the closure, and with it `v`, is dropped on this thread.
+        let _ = std::thread::Builder::new()
+            .name("mphf-free".into())
+            .spawn(move || drop(v));
+    }
+}
+
+/// An empty vector with room for `n` elements, allocated fallibly; the caller writes all `n`
+/// through its pointer and then sets the length.
+fn reserved_for_keys<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    try_with_capacity(n, || {
         format!(
             "building an MPHF over {n} keys: cannot allocate {} bytes for {what}",
             n.saturating_mul(std::mem::size_of::<T>())
         )
-    })?;
-    v.resize(n, value);
-    Ok(v)
+    })
 }
 
 /// Indices of the first occurrence of each distinct key, ascending.
@@ -468,7 +515,9 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> R
     drop(hists);
 
     // Step 1b: scatter (hi, lo) into range order.
-    let mut tmp = try_filled(n, Hash128::default(), "the bucket order")?;
+    // Neither array is zero-filled first: the scatters below write every position exactly once,
+    // and they do it on all threads, so the pages are also first touched in parallel.
+    let mut tmp: Vec<Hash128> = reserved_for_keys(n, "the bucket order")?;
     let out = SharedMut(tmp.as_mut_ptr());
     cursors.into_par_iter().enumerate().for_each(|(c, mut cur)| {
         for i in c * chunk..((c + 1) * chunk).min(n) {
@@ -480,9 +529,12 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> R
             cur[p] += 1;
         }
     });
+    // SAFETY: the cursor intervals cover 0..n exactly (prefix sums above), so every element of
+    // the capacity-n allocation was written once; Hash128 is plain data.
+    unsafe { tmp.set_len(n) };
 
     // Step 2: counting sort inside each range; fills λ for the range's buckets.
-    let mut lo = try_filled(n, 0u64, "the in-bucket hashes")?;
+    let mut lo: Vec<u64> = reserved_for_keys(n, "the in-bucket hashes")?;
     let mut offsets = vec![0u64; num_buckets as usize + 1];
     let lo_ptr = SharedMut(lo.as_mut_ptr());
     let off_ptr = SharedMut(offsets.as_mut_ptr());
@@ -509,6 +561,10 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> R
             counts[k] += 1;
         }
     });
+    // SAFETY: range p writes exactly the positions [range_start[p], range_start[p+1]) (its
+    // counting-sort cursors start at s and advance once per key of the range), and the ranges
+    // tile 0..n; so all n elements of the capacity-n allocation were written.
+    unsafe { lo.set_len(n) };
     offsets[num_buckets as usize] = n as u64;
     Ok((lo, offsets))
 }

@@ -216,16 +216,31 @@ impl GpuSolver {
             let rel: Vec<u64> = offsets[b..=e].iter().map(|&o| o - offsets[b]).collect();
             let chunk = &keys[offsets[b] as usize..offsets[e] as usize];
             let t0 = Instant::now();
-            let plan = plan(params, &rel);
+            // The keys' copy to the device (a pageable copy: one thread, bounded by the driver's
+            // bounce buffers) overlaps the plan (all cores). The copy runs on its own thread so
+            // that the plan keeps the caller's rayon pool; the stream binds the context there.
+            let (plan, d_keys) = std::thread::scope(|scope| {
+                let upload = scope.spawn(|| {
+                    self.ctx
+                        .stream
+                        .clone_htod(chunk)
+                        .map_err(GpuError::alloc::<u64>("copying keys to the device", chunk.len()))
+                });
+                let plan = plan(params, &rel);
+                let d_keys = upload.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (plan, d_keys)
+            });
+            let d_keys = d_keys?;
             if self.profile {
                 eprintln!(
-                    "gpu: plan {} buckets in {:.1} ms",
+                    "gpu: plan {} buckets and upload {} keys in {:.1} ms",
                     e - b,
+                    chunk.len(),
                     t0.elapsed().as_secs_f64() * 1e3
                 );
             }
             let n = plan.descriptors;
-            self.solve_chunk(params, &kernels, chunk, &plan, &mut out[done..done + n])?;
+            self.solve_chunk(params, &kernels, d_keys, &plan, &mut out[done..done + n])?;
             done += n;
             b = e;
         }
@@ -237,16 +252,13 @@ impl GpuSolver {
         &self,
         params: &Params,
         k: &super::Kernels,
-        keys: &[u64],
+        mut d_keys: CudaSlice<u64>,
         plan: &Plan,
         out: &mut [u64],
     ) -> Result<(), GpuError> {
         let err = GpuError::driver;
         let stream = &self.ctx.stream;
         let t0 = Instant::now();
-        let mut d_keys = stream
-            .clone_htod(keys)
-            .map_err(GpuError::alloc::<u64>("copying keys to the device", keys.len()))?;
         let mut d_out = stream
             .alloc_zeros::<u64>(out.len().max(1))
             .map_err(GpuError::alloc::<u64>("allocating descriptors", out.len().max(1)))?;
@@ -268,7 +280,6 @@ impl GpuSolver {
             Ok(())
         };
         let mut t = t0;
-        stamp("upload", keys.len(), &mut t)?;
         for (stage, nodes) in plan.stages.iter().enumerate() {
             if nodes.is_empty() {
                 continue;
