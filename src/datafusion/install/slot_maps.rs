@@ -69,13 +69,10 @@ pub(super) async fn for_table(
     })
     .await
     .map_err(|e| DataFusionError::External(Box::new(e)))?;
-    let built = match built {
-        (built, Some(notice)) => {
-            installer.notice(&notice);
-            built
-        }
-        (built, None) => built,
-    };
+    let (built, notice) = built;
+    if let Some(notice) = notice {
+        installer.notice(&notice);
+    }
     let maps = match built {
         Ok(maps) => maps,
         Err(e) => {
