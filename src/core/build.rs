@@ -167,12 +167,12 @@ pub struct BuildReport {
 /// ```
 #[derive(Clone)]
 pub struct Builder {
-    params: Params,
-    seed: u64,
+    pub(super) params: Params,
+    pub(super) seed: u64,
     threads: Option<usize>,
-    dedup: bool,
-    max_seeds: u32,
-    watchdog: u64,
+    pub(super) dedup: bool,
+    pub(super) max_seeds: u32,
+    pub(super) watchdog: u64,
     progress: Option<Arc<AtomicU64>>,
     solver: Option<Arc<dyn BucketSolver>>,
 }
@@ -247,13 +247,18 @@ impl Builder {
     /// As [`Builder::build`].
     pub fn build_with_report<K: KeySet + ?Sized>(&self, keys: &K) -> Result<(Mphf, BuildReport)> {
         self.params.validate()?;
+        self.in_pool(|| self.build_inner(keys))
+    }
+
+    /// Runs `f` on a pool of the configured thread count (rayon's global pool by default).
+    pub(super) fn in_pool<R: Send>(&self, f: impl FnOnce() -> Result<R> + Send) -> Result<R> {
         match self.threads {
             Some(t) => rayon::ThreadPoolBuilder::new()
                 .num_threads(t.max(1))
                 .build()
                 .map_err(|e| MphfError::InvalidParameter(format!("cannot start {t} threads: {e}")))?
-                .install(|| self.build_inner(keys)),
-            None => self.build_inner(keys),
+                .install(f),
+            None => f(),
         }
     }
 
@@ -290,86 +295,154 @@ impl Builder {
             clock.lap("bucketize");
             let checked = check_buckets(&mut lo, &offsets);
             clock.lap("check");
-            match checked {
-                Ok(()) => {}
-                Err(SolveError::DuplicateLo { bucket, lo: dup }) => {
-                    if let Some(key) = find_duplicate(keys, seed, num_buckets, bucket, dup) {
-                        return Err(MphfError::DuplicateKey { key });
-                    }
-                    seed = seed.wrapping_add(1);
-                    continue;
-                }
-                Err(SolveError::BucketTooLarge { size, .. }) => {
-                    last_bucket_failure = size;
-                    seed = seed.wrapping_add(1);
-                    continue;
-                }
-                Err(e @ SolveError::Watchdog { .. }) => unreachable!("checks do not search: {e}"),
+            if let Err(e) = checked {
+                reseed_or_fail(keys, seed, num_buckets, e, &mut last_bucket_failure)?;
+                seed = seed.wrapping_add(1);
+                continue;
             }
-            let descriptors = match &self.solver {
-                Some(solver) => match solver.solve(&self.params, &mut lo, &offsets) {
-                    Ok(d) => {
-                        report.solver = solver.name().to_string();
-                        Some(d)
-                    }
-                    Err(msg) => {
-                        report.fallback_notice =
-                            Some(format!("{} build failed ({msg}); building on the CPU", solver.name()));
-                        None
-                    }
-                },
-                None => None,
-            };
-            clock.lap("solve");
-            let result = match descriptors {
-                Some(d) => encode_from_descriptors(&self.params, &offsets, &d),
-                None => solve_and_encode_cpu(&self.params, &mut lo, &offsets, self.watchdog, self.progress.as_deref()),
-            };
-            clock.lap("encode");
+            let solved = self.solve_and_encode(&mut lo, &offsets, &mut clock);
+            solved.note(report);
             free_in_background(lo);
-            let (rice, sigma) = match result {
-                Ok(r) => r,
-                Err(SolveError::Watchdog { keys }) => {
-                    return Err(MphfError::Watchdog {
-                        keys,
-                        limit: self.watchdog,
-                    });
-                }
-                Err(e) => unreachable!("solving reports only watchdog errors: {e}"),
-            };
+            let (rice, sigma) = solved.result.map_err(|e| self.search_failure(e))?;
             let ef = DoubleEliasFano::new(&offsets, &sigma);
             clock.lap("elias-fano");
-            return Ok(Mphf::from_parts(self.params, n, seed, keys.hash_kind(), rice, ef));
+            return Ok(Mphf::from_parts(
+                self.params,
+                n,
+                seed,
+                keys.hash_kind(),
+                rice.finish(),
+                ef,
+            ));
         }
+        Err(self.out_of_seeds(last_bucket_failure, seed))
+    }
+
+    /// The error of a failed search (solving reports only watchdog errors).
+    pub(super) fn search_failure(&self, e: SolveError) -> MphfError {
+        match e {
+            SolveError::Watchdog { keys } => MphfError::Watchdog {
+                keys,
+                limit: self.watchdog,
+            },
+            e => unreachable!("solving reports only watchdog errors: {e}"),
+        }
+    }
+
+    /// The error after every seed failed the checks; `last_bucket_failure` is the size of the
+    /// last oversized bucket (0: every failure was a hash collision).
+    pub(super) fn out_of_seeds(&self, last_bucket_failure: usize, seed: u64) -> MphfError {
         if last_bucket_failure > 0 {
-            Err(MphfError::BucketTooLarge {
+            MphfError::BucketTooLarge {
                 size: last_bucket_failure,
                 limit: MAX_BUCKET_KEYS,
                 attempts: self.max_seeds,
-            })
+            }
         } else {
-            Err(MphfError::PersistentCollision {
+            MphfError::PersistentCollision {
                 attempts: self.max_seeds,
                 seed,
-            })
+            }
+        }
+    }
+}
+
+/// After a failed bucket check: the duplicate-key error when two equal keys share a bucket,
+/// else `Ok` (the caller re-seeds), recording an oversized bucket's size.
+pub(super) fn reseed_or_fail<K: KeySet + ?Sized>(
+    keys: &K,
+    seed: u64,
+    num_buckets: u64,
+    failure: SolveError,
+    last_bucket_failure: &mut usize,
+) -> Result<()> {
+    match failure {
+        SolveError::DuplicateLo { bucket, lo } => match find_duplicate(keys, seed, num_buckets, bucket, lo) {
+            Some(key) => Err(MphfError::DuplicateKey { key }),
+            None => Ok(()),
+        },
+        SolveError::BucketTooLarge { size, .. } => {
+            *last_bucket_failure = size;
+            Ok(())
+        }
+        e @ SolveError::Watchdog { .. } => unreachable!("checks do not search: {e}"),
+    }
+}
+
+impl Builder {
+    /// Solves and encodes bucketed keys (bucket i holds `lo[offsets[i]..offsets[i+1]]`): with
+    /// the solver when one is set, falling back to the CPU when it fails, else on the CPU.
+    pub(super) fn solve_and_encode(&self, lo: &mut [u64], offsets: &[u64], clock: &mut StageClock) -> Solved {
+        let mut solved = Solved {
+            result: Ok((RiceBuilder::new(), Vec::new())),
+            solver: None,
+            fallback_notice: None,
+        };
+        let descriptors = match &self.solver {
+            Some(solver) => match solver.solve(&self.params, lo, offsets) {
+                Ok(d) => {
+                    solved.solver = Some(solver.name().to_string());
+                    Some(d)
+                }
+                Err(msg) => {
+                    solved.fallback_notice =
+                        Some(format!("{} build failed ({msg}); building on the CPU", solver.name()));
+                    None
+                }
+            },
+            None => None,
+        };
+        clock.lap("solve");
+        solved.result = match descriptors {
+            Some(d) => encode_from_descriptors(&self.params, offsets, &d),
+            None => solve_and_encode_cpu(&self.params, lo, offsets, self.watchdog, self.progress.as_deref()),
+        };
+        clock.lap("encode");
+        solved
+    }
+}
+
+/// The outcome of [`Builder::solve_and_encode`].
+pub(super) struct Solved {
+    /// The Rice vector (unfinished, so that parts can be concatenated) and σ (length B+1).
+    pub(super) result: std::result::Result<(RiceBuilder, Vec<u64>), SolveError>,
+    /// The solver that produced the descriptors (None: the CPU).
+    pub(super) solver: Option<String>,
+    /// Why the solver was not used, when it failed.
+    pub(super) fallback_notice: Option<String>,
+}
+
+impl Solved {
+    /// Records who solved, and any fallback, in the build report.
+    pub(super) fn note(&self, report: &mut BuildReport) {
+        if let Some(name) = &self.solver {
+            report.solver = name.clone();
+        }
+        if let Some(notice) = &self.fallback_notice {
+            report.fallback_notice = Some(notice.clone());
         }
     }
 }
 
 /// Per-stage wall times of one build, printed to stderr when `MPHF_BUILD_PROFILE` is set
 /// (a diagnostic for benchmarks; silent and free otherwise).
-struct StageClock {
+pub(super) struct StageClock {
     last: Option<std::time::Instant>,
 }
 
 impl StageClock {
-    fn from_env() -> Self {
+    /// A clock that never prints (the parts of a partitioned build).
+    pub(super) fn off() -> Self {
+        Self { last: None }
+    }
+
+    pub(super) fn from_env() -> Self {
         Self {
             last: std::env::var_os("MPHF_BUILD_PROFILE").map(|_| std::time::Instant::now()),
         }
     }
 
-    fn lap(&mut self, stage: &str) {
+    pub(super) fn lap(&mut self, stage: &str) {
         if let Some(last) = self.last.as_mut() {
             eprintln!("build: {stage:>10} {:9.2} ms", last.elapsed().as_secs_f64() * 1e3);
             *last = std::time::Instant::now();
@@ -387,7 +460,7 @@ fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
 /// Drops a large vector on a helper thread: returning hundreds of MB to the system takes tens
 /// of milliseconds that the build need not wait for. Small vectors, or a failed thread start,
 /// drop here.
-fn free_in_background<T: Send + 'static>(v: Vec<T>) {
+pub(super) fn free_in_background<T: Send + 'static>(v: Vec<T>) {
     if v.capacity().saturating_mul(std::mem::size_of::<T>()) >= 64 << 20 {
         // On a failed start the closure, and with it `v`, is dropped on this thread.
         let _ = std::thread::Builder::new()
@@ -398,7 +471,7 @@ fn free_in_background<T: Send + 'static>(v: Vec<T>) {
 
 /// An empty vector with room for `n` elements, allocated fallibly; the caller writes all `n`
 /// through its pointer and then sets the length.
-fn reserved_for_keys<T>(n: usize, what: &str) -> Result<Vec<T>> {
+pub(super) fn reserved_for_keys<T>(n: usize, what: &str) -> Result<Vec<T>> {
     try_with_capacity(n, || {
         format!(
             "building an MPHF over {n} keys: cannot allocate {} bytes for {what}",
@@ -635,7 +708,7 @@ fn solve_and_encode_cpu(
     offsets: &[u64],
     watchdog: u64,
     progress: Option<&AtomicU64>,
-) -> std::result::Result<(super::rice::RiceBits, Vec<u64>), SolveError> {
+) -> std::result::Result<(RiceBuilder, Vec<u64>), SolveError> {
     let memo = Memo::get(params.leaf);
     let chunks = split_buckets(lo, offsets, solve_chunk_keys(*offsets.last().unwrap_or(&0)));
     let outs = chunks
@@ -664,10 +737,10 @@ fn solve_and_encode_cpu(
 
 /// Concatenates per-chunk Rice vectors in bucket order; σ of empty trailing buckets continue
 /// the running total.
-fn concat_chunks(
+pub(super) fn concat_chunks(
     num_buckets: usize,
     outs: Vec<(usize, usize, RiceBuilder, Vec<u64>)>,
-) -> (super::rice::RiceBits, Vec<u64>) {
+) -> (RiceBuilder, Vec<u64>) {
     let mut rice = RiceBuilder::new();
     let mut sigma = vec![0u64; num_buckets + 1];
     let mut next = 0usize;
@@ -686,7 +759,7 @@ fn concat_chunks(
     for s in sigma.iter_mut().skip(next) {
         *s = rice.len();
     }
-    (rice.finish(), sigma)
+    (rice, sigma)
 }
 
 /// Index of each bucket's first descriptor in the flat preorder list (length B+1; the last
@@ -709,7 +782,7 @@ fn encode_from_descriptors(
     params: &Params,
     offsets: &[u64],
     descriptors: &[u64],
-) -> std::result::Result<(super::rice::RiceBits, Vec<u64>), SolveError> {
+) -> std::result::Result<(RiceBuilder, Vec<u64>), SolveError> {
     let memo = Memo::get(params.leaf);
     let num_buckets = offsets.len() - 1;
     let dstart = descriptor_starts(memo, offsets);

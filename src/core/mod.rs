@@ -28,6 +28,7 @@ pub mod hash;
 pub mod memo;
 pub mod mphf;
 pub mod params;
+pub mod partitioned;
 pub mod query;
 pub mod rice;
 pub mod tree;
