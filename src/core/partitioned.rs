@@ -52,6 +52,11 @@ impl BucketRanges {
         self.owners
     }
 
+    /// Number of buckets (B).
+    pub fn num_buckets(&self) -> u64 {
+        self.num_buckets
+    }
+
     /// First bucket of owner `w` (`w = owners` gives B).
     pub fn first(&self, w: usize) -> u64 {
         (w as u128 * self.num_buckets as u128 / self.owners as u128) as u64
@@ -65,7 +70,8 @@ impl BucketRanges {
 }
 
 /// Step 1: the `(hi, lo)` hashes of `keys` under `seed`, one list per owner of `ranges`.
-pub fn route<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64, ranges: &BucketRanges) -> Vec<Vec<Hash128>> {
+pub fn route<K: KeySet + ?Sized>(keys: &K, seed: u64, ranges: &BucketRanges) -> Vec<Vec<Hash128>> {
+    let num_buckets = ranges.num_buckets();
     let lists = (0..keys.len())
         .into_par_iter()
         .fold(
@@ -98,10 +104,10 @@ pub struct SortedPart {
 /// [`SolveError::DuplicateLo`] (the caller re-seeds, or reports a duplicate key).
 pub fn sort_part(
     ranges: &BucketRanges,
-    num_buckets: u64,
     w: usize,
     pairs: &[Vec<Hash128>],
 ) -> std::result::Result<SortedPart, SolveError> {
+    let num_buckets = ranges.num_buckets();
     let (b0, b1) = (ranges.first(w), ranges.first(w + 1));
     let local = |h: &Hash128| (bucket_of(h.hi, num_buckets) - b0) as usize;
     let mut offsets = vec![0u64; (b1 - b0) as usize + 1];
@@ -292,10 +298,7 @@ impl Builder {
         for attempt in 1..=self.max_seeds {
             report.attempts = attempt;
             // Step 1 on every input, then each owner gathers its lists from all inputs.
-            let mut routed: Vec<Vec<Vec<Hash128>>> = inputs
-                .par_iter()
-                .map(|k| route(*k, seed, num_buckets, &ranges))
-                .collect();
+            let mut routed: Vec<Vec<Vec<Hash128>>> = inputs.par_iter().map(|k| route(*k, seed, &ranges)).collect();
             let per_owner: Vec<Vec<Vec<Hash128>>> = (0..owners)
                 .map(|w| routed.iter_mut().map(|r| std::mem::take(&mut r[w])).collect())
                 .collect();
@@ -303,7 +306,7 @@ impl Builder {
             let sorted: Vec<_> = per_owner
                 .par_iter()
                 .enumerate()
-                .map(|(w, pairs)| sort_part(&ranges, num_buckets, w, pairs))
+                .map(|(w, pairs)| sort_part(&ranges, w, pairs))
                 .collect();
             drop(per_owner);
             // The first failing bucket overall is the first failing owner's first (the single
