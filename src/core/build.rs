@@ -172,7 +172,7 @@ pub struct Builder {
     threads: Option<usize>,
     pub(super) dedup: bool,
     pub(super) max_seeds: u32,
-    pub(super) watchdog: u64,
+    watchdog: u64,
     progress: Option<Arc<AtomicU64>>,
     solver: Option<Arc<dyn BucketSolver>>,
 }
@@ -460,7 +460,7 @@ fn try_filled<T: Clone>(n: usize, value: T, what: &str) -> Result<Vec<T>> {
 /// Drops a large vector on a helper thread: returning hundreds of MB to the system takes tens
 /// of milliseconds that the build need not wait for. Small vectors, or a failed thread start,
 /// drop here.
-pub(super) fn free_in_background<T: Send + 'static>(v: Vec<T>) {
+fn free_in_background<T: Send + 'static>(v: Vec<T>) {
     if v.capacity().saturating_mul(std::mem::size_of::<T>()) >= 64 << 20 {
         // On a failed start the closure, and with it `v`, is dropped on this thread.
         let _ = std::thread::Builder::new()
@@ -471,7 +471,7 @@ pub(super) fn free_in_background<T: Send + 'static>(v: Vec<T>) {
 
 /// An empty vector with room for `n` elements, allocated fallibly; the caller writes all `n`
 /// through its pointer and then sets the length.
-pub(super) fn reserved_for_keys<T>(n: usize, what: &str) -> Result<Vec<T>> {
+fn reserved_for_keys<T>(n: usize, what: &str) -> Result<Vec<T>> {
     try_with_capacity(n, || {
         format!(
             "building an MPHF over {n} keys: cannot allocate {} bytes for {what}",
