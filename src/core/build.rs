@@ -614,25 +614,12 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> R
     (0..num_ranges).into_par_iter().for_each(|p| {
         let (s, e) = (range_start[p] as usize, range_start[p + 1] as usize);
         let (b0, b1) = (first_bucket(p), first_bucket(p + 1));
-        let src = &tmp[s..e];
-        let mut counts = vec![0u64; (b1 - b0) as usize];
-        for h in src {
-            counts[(bucket_of(h.hi, num_buckets) - b0) as usize] += 1;
-        }
-        let mut pos = s as u64;
-        for (k, cnt) in counts.iter_mut().enumerate() {
-            // SAFETY: bucket b0+k belongs to range p alone, so each λ slot is written once.
-            unsafe { off_ptr.get().add(b0 as usize + k).write(pos) };
-            let c = *cnt;
-            *cnt = pos;
-            pos += c;
-        }
-        for h in src {
-            let k = (bucket_of(h.hi, num_buckets) - b0) as usize;
-            // SAFETY: the cursors of this range stay inside [s, e), which no other range touches.
-            unsafe { lo_ptr.get().add(counts[k] as usize).write(h.lo) };
-            counts[k] += 1;
-        }
+        // SAFETY: buckets b0..b1 belong to range p alone, so no other task touches these λ slots.
+        let starts = unsafe { std::slice::from_raw_parts_mut(off_ptr.get().add(b0 as usize), (b1 - b0) as usize) };
+        sort_by_bucket(tmp[s..e].iter(), b0, num_buckets, s as u64, starts, |at, lo| {
+            // SAFETY: the positions of this range stay inside [s, e), which no other range touches.
+            unsafe { lo_ptr.get().add(at).write(lo) }
+        });
     });
     // SAFETY: range p writes exactly the positions [range_start[p], range_start[p+1]) (its
     // counting-sort cursors start at s and advance once per key of the range), and the ranges
@@ -640,6 +627,35 @@ pub fn bucketize<K: KeySet + ?Sized>(keys: &K, seed: u64, num_buckets: u64) -> R
     unsafe { lo.set_len(n) };
     offsets[num_buckets as usize] = n as u64;
     Ok((lo, offsets))
+}
+
+/// Counting sort by bucket of hashes whose buckets all lie in `b0 .. b0 + starts.len()`: sets
+/// `starts[k]` to the position of bucket `b0 + k`'s first key (positions from `base`), and hands
+/// every hash's `lo` to `put` with its position.
+pub(super) fn sort_by_bucket<'a>(
+    src: impl Iterator<Item = &'a Hash128> + Clone,
+    b0: u64,
+    num_buckets: u64,
+    base: u64,
+    starts: &mut [u64],
+    mut put: impl FnMut(usize, u64),
+) {
+    starts.fill(0);
+    for h in src.clone() {
+        starts[(bucket_of(h.hi, num_buckets) - b0) as usize] += 1;
+    }
+    let mut pos = base;
+    for start in starts.iter_mut() {
+        let count = *start;
+        *start = pos;
+        pos += count;
+    }
+    let mut cursor = starts.to_vec();
+    for h in src {
+        let c = &mut cursor[(bucket_of(h.hi, num_buckets) - b0) as usize];
+        put(*c as usize, h.lo);
+        *c += 1;
+    }
 }
 
 /// Checks every bucket for the size cap and repeated `lo` (sorting each bucket); reports the

@@ -23,7 +23,9 @@ use std::fmt::Debug;
 
 use rayon::prelude::*;
 
-use super::build::{check_buckets, concat_chunks, reseed_or_fail, BuildReport, Builder, KeySet, Solved, StageClock};
+use super::build::{
+    check_buckets, concat_chunks, reseed_or_fail, sort_by_bucket, BuildReport, Builder, KeySet, Solved, StageClock,
+};
 use super::elias_fano::DoubleEliasFano;
 use super::hash::{bucket_of, Hash128, Key, KeyHashKind};
 use super::mphf::Mphf;
@@ -109,21 +111,19 @@ pub fn sort_part(
 ) -> std::result::Result<SortedPart, SolveError> {
     let num_buckets = ranges.num_buckets();
     let (b0, b1) = (ranges.first(w), ranges.first(w + 1));
-    let local = |h: &Hash128| (bucket_of(h.hi, num_buckets) - b0) as usize;
-    let mut offsets = vec![0u64; (b1 - b0) as usize + 1];
-    for h in pairs.iter().flatten() {
-        offsets[local(h) + 1] += 1;
-    }
-    for b in 1..offsets.len() {
-        offsets[b] += offsets[b - 1];
-    }
-    let mut cursor = offsets.clone();
-    let mut lo = vec![0u64; *offsets.last().unwrap_or(&0) as usize];
-    for h in pairs.iter().flatten() {
-        let c = &mut cursor[local(h)];
-        lo[*c as usize] = h.lo;
-        *c += 1;
-    }
+    let nb = (b1 - b0) as usize;
+    let keys: usize = pairs.iter().map(Vec::len).sum();
+    let mut offsets = vec![0u64; nb + 1];
+    let mut lo = vec![0u64; keys];
+    sort_by_bucket(
+        pairs.iter().flatten(),
+        b0,
+        num_buckets,
+        0,
+        &mut offsets[..nb],
+        |at, l| lo[at] = l,
+    );
+    offsets[nb] = keys as u64;
     check_buckets(&mut lo, &offsets).map_err(|e| match e {
         SolveError::BucketTooLarge { bucket, size } => SolveError::BucketTooLarge {
             bucket: bucket + b0,
