@@ -58,6 +58,9 @@ pub enum MphfError {
     /// A serialized index could not be read: truncated, corrupt, foreign, or of another version.
     #[error("invalid index file: {0}")]
     Format(String),
+    /// One owner's share of a partitioned build, shipped between processes, could not be read.
+    #[error("invalid build part: {0}")]
+    PartFormat(String),
     /// A slot-map file that cannot be used (corrupt, stale, or made for another index).
     #[error("slot map: {0}")]
     SlotMap(String),

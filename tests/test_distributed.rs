@@ -427,3 +427,170 @@ async fn a_worker_reserves_an_opened_index_in_its_memory_pool() {
     assert!(pool.reserved() > 0);
     assert_eq!(worker.resolve(&r, &pool).unwrap().id(), opened.id());
 }
+
+/// Three Parquet files of `n` rows in all: `id` (Int64, repeated keys and NULLs), `s` (Utf8,
+/// repeated), `x` (Float64, no index can hold it).
+fn build_table(dir: &Path, n: usize) -> Vec<Vec<RecordBatch>> {
+    use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("x", DataType::Float64, false),
+    ]));
+    let mix = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29) ^ 0x5bd1_e995;
+    let batch = |rows: std::ops::Range<usize>| {
+        let ids: Int64Array = rows
+            .clone()
+            .map(|i| (i % 97 != 5).then(|| (mix((i % (n - n / 5)) as u64) >> 3) as i64))
+            .collect();
+        let s: StringArray = rows
+            .clone()
+            .map(|i| Some(format!("session-{:x}", mix((i / 3) as u64))))
+            .collect();
+        let x: Float64Array = rows.map(|i| i as f64).collect();
+        RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids), Arc::new(s), Arc::new(x)]).unwrap()
+    };
+    let third = n / 3;
+    let parts = vec![
+        vec![batch(0..third / 2), batch(third / 2..third)],
+        vec![batch(third..2 * third)],
+        vec![batch(2 * third..n)],
+    ];
+    write_parts(dir, &parts);
+    parts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_built_by_the_workers_has_the_single_builds_bytes() {
+    use datafusion_mphf::core::column::{ColumnIndex, IndexOptions};
+    use datafusion_mphf::core::{Builder, Params};
+    use datafusion_mphf::datafusion::distributed::{build_on_cluster, build_round_plan};
+    let dir = tempfile::tempdir().unwrap();
+    let parts = build_table(dir.path(), 60_000);
+    let path = dir.path().display().to_string();
+    let columns = [
+        ("id", 0usize, Params::try_new(8, 100, true).unwrap()),
+        ("s", 1, Params::DEFAULT),
+    ];
+    // The single-process build of each column, as CREATE INDEX makes it.
+    let single: Vec<Vec<u8>> = columns
+        .iter()
+        .map(|&(_, c, params)| {
+            let chunks: Vec<_> = parts.iter().flatten().map(|b| Arc::clone(b.column(c))).collect();
+            let opts = IndexOptions {
+                params,
+                seed: 5,
+                ..IndexOptions::default()
+            };
+            ColumnIndex::build(&chunks, &opts).unwrap().mphf().write_bytes()
+        })
+        .collect();
+    for (workers, owners) in [(2, 3), (4, 8)] {
+        let ctx = cluster(workers, WorkerIndexes::in_process());
+        ctx.register_parquet("t", &path).await.unwrap();
+        for (&(column, _, params), want) in columns.iter().zip(&single) {
+            let builder = Builder::new(params).seed(5);
+            let plan = build_round_plan(ctx.ctx(), "t", column, &builder, owners)
+                .await
+                .unwrap();
+            let text = display_plan_ascii(plan.as_ref(), false);
+            assert!(
+                plan.name() == "DistributedExec"
+                    && text.contains("NetworkShuffleExec")
+                    && text.contains("mphf_build_part"),
+                "the build's round is not cut into stages:\n{text}"
+            );
+            let (mphf, report) = build_on_cluster(ctx.ctx(), "t", column, &builder, owners)
+                .await
+                .unwrap();
+            assert!(
+                mphf.write_bytes() == *want,
+                "{column}, {workers} workers, {owners} owners: bytes differ from the single build"
+            );
+            assert_eq!((report.attempts, report.solver.as_str()), (1, "cpu"));
+        }
+        let e = build_on_cluster(ctx.ctx(), "t", "x", &Builder::new(Params::DEFAULT), owners)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unsupported key type Float64"), "{e}");
+        let e = build_on_cluster(ctx.ctx(), "t", "nope", &Builder::new(Params::DEFAULT), owners)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope"), "{e}");
+        let e = build_on_cluster(ctx.ctx(), "t", "id", &Builder::new(Params::DEFAULT), 0)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "Error during planning: invalid parameter: a partitioned build needs at least one owner"
+        );
+    }
+}
+
+/// 10^7 random Int64 keys in 4 Parquet files, built on an in-memory cluster of 4 workers with 16
+/// owners and in one process: the same bytes, and both times printed. About 1 min on 2 cores:
+/// `cargo test --release --test test_distributed ten_million -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn ten_million_keys_built_by_the_workers_have_the_single_builds_bytes() {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion_mphf::core::column::{ColumnIndex, IndexOptions};
+    use datafusion_mphf::core::{Builder, Params};
+    use datafusion_mphf::datafusion::distributed::build_on_cluster;
+    use std::time::Instant;
+    let n = 10_000_000u64;
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let parts: Vec<Vec<RecordBatch>> = (0..4u64)
+        .map(|f| {
+            (0..n / 4 / 65_536 + 1)
+                .map(|b| {
+                    let lo = f * n / 4 + b * 65_536;
+                    let hi = (lo + 65_536).min((f + 1) * n / 4);
+                    let ids: Int64Array = (lo..hi)
+                        .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i >> 7)) as i64)
+                        .collect();
+                    RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids)]).unwrap()
+                })
+                .filter(|b| b.num_rows() > 0)
+                .collect()
+        })
+        .collect();
+    write_parts(dir.path(), &parts);
+    let params = Params::DEFAULT;
+    let t = Instant::now();
+    let chunks: Vec<_> = parts.iter().flatten().map(|b| Arc::clone(b.column(0))).collect();
+    let opts = IndexOptions {
+        params,
+        ..IndexOptions::default()
+    };
+    let single = ColumnIndex::build(&chunks, &opts).unwrap();
+    let single_s = t.elapsed().as_secs_f64();
+    drop(chunks);
+    let ctx = cluster(4, WorkerIndexes::in_process());
+    ctx.register_parquet("t", &dir.path().display().to_string())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let (mphf, report) = build_on_cluster(ctx.ctx(), "t", "id", &Builder::new(params), 16)
+        .await
+        .unwrap();
+    let cluster_s = t.elapsed().as_secs_f64();
+    assert_eq!(mphf.len(), n);
+    assert!(
+        mphf.write_bytes() == single.mphf().write_bytes(),
+        "bytes differ from the single build"
+    );
+    eprintln!(
+        "10^7 keys, (8, 100): single process (ColumnIndex::build, MPHF and keys in slot order) {single_s:.2} s; \
+         in-memory cluster of 4 workers, 16 owners (Parquet read, DISTINCT, route, shuffle, solve, assemble) \
+         {cluster_s:.2} s; {} seed(s); {:.3} bits/key",
+        report.attempts,
+        mphf.bits_per_key()
+    );
+}

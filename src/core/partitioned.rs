@@ -143,6 +143,7 @@ pub fn sort_part(
 }
 
 /// One owner's share of the finished MPHF (step 3's output).
+#[derive(Clone)]
 pub struct Part {
     first_bucket: u64,
     /// Keys per bucket.
@@ -202,6 +203,291 @@ pub fn assemble(builder: &Builder, n: u64, seed: u64, hash_kind: KeyHashKind, pa
     let (rice, sigma) = concat_chunks(num_buckets, chunks);
     let ef = DoubleEliasFano::new(&offsets, &sigma);
     Mphf::from_parts(builder.params, n, seed, hash_kind, rice.finish(), ef)
+}
+
+/// First word of an encoded owner outcome ("mphfpart" in ASCII, little-endian).
+const OUTCOME_MAGIC: u64 = u64::from_le_bytes(*b"mphfpart");
+/// Version of the outcome encoding.
+const OUTCOME_VERSION: u64 = 1;
+
+/// What one owner sends back after steps 2–3: its part, or the check or search that failed.
+pub type Outcome = std::result::Result<Part, SolveError>;
+
+/// The bytes of an owner's outcome, for shipping it between processes: little-endian words
+/// (magic, version, tag, fields); a text as its length (`u64::MAX`: none) and its bytes.
+/// [`decode_outcome`] reads it back.
+pub fn encode_outcome(outcome: &Outcome) -> Vec<u8> {
+    let mut out = OutcomeWriter(Vec::new());
+    out.words(&[OUTCOME_MAGIC, OUTCOME_VERSION]);
+    match outcome {
+        Ok(part) => {
+            out.words(&[0, part.first_bucket, part.sizes.len() as u64]);
+            out.words(&part.sizes);
+            out.words(&part.starts);
+            out.words(&[part.rice.len()]);
+            out.words(part.rice.words());
+            out.text(part.solver.as_deref());
+            out.text(part.fallback_notice.as_deref());
+        }
+        Err(SolveError::DuplicateLo { bucket, lo }) => out.words(&[1, *bucket, *lo]),
+        Err(SolveError::BucketTooLarge { bucket, size }) => out.words(&[2, *bucket, *size as u64]),
+        Err(SolveError::Watchdog { keys }) => out.words(&[3, *keys as u64]),
+    }
+    out.0
+}
+
+/// Reads what [`encode_outcome`] wrote.
+///
+/// # Errors
+/// [`MphfError::PartFormat`] for bytes that are truncated, too long, of another version, or not
+/// a consistent part (offsets past the Rice bits, stray bits past their end).
+pub fn decode_outcome(bytes: &[u8]) -> Result<Outcome> {
+    let mut r = OutcomeReader(bytes);
+    if r.word()? != OUTCOME_MAGIC {
+        return Err(MphfError::PartFormat("not an encoded build part".into()));
+    }
+    let version = r.word()?;
+    if version != OUTCOME_VERSION {
+        return Err(MphfError::PartFormat(format!(
+            "encoding version {version}, this build reads version {OUTCOME_VERSION}"
+        )));
+    }
+    let outcome = match r.word()? {
+        0 => {
+            let first_bucket = r.word()?;
+            let buckets = r.count()?;
+            let sizes = r.words(buckets)?;
+            let starts = r.words(buckets)?;
+            let bits = r.word()?;
+            let words = r.words(r.count_of(bits.div_ceil(64))?)?;
+            let rice = RiceBuilder::from_words(words, bits)
+                .ok_or_else(|| MphfError::PartFormat("Rice bits set past their length".into()))?;
+            if starts.windows(2).any(|w| w[0] > w[1]) || starts.last().is_some_and(|&s| s > bits) {
+                return Err(MphfError::PartFormat(
+                    "bucket offsets out of order or past the Rice bits".into(),
+                ));
+            }
+            let solver = r.text()?;
+            let fallback_notice = r.text()?;
+            Ok(Part {
+                first_bucket,
+                sizes,
+                rice,
+                starts,
+                solver,
+                fallback_notice,
+            })
+        }
+        1 => Err(SolveError::DuplicateLo {
+            bucket: r.word()?,
+            lo: r.word()?,
+        }),
+        2 => Err(SolveError::BucketTooLarge {
+            bucket: r.word()?,
+            size: r.size()?,
+        }),
+        3 => Err(SolveError::Watchdog { keys: r.size()? }),
+        tag => return Err(MphfError::PartFormat(format!("unknown outcome tag {tag}"))),
+    };
+    if !r.0.is_empty() {
+        return Err(MphfError::PartFormat(format!("{} bytes after the part", r.0.len())));
+    }
+    Ok(outcome)
+}
+
+/// Appends little-endian words and texts (see [`encode_outcome`]).
+struct OutcomeWriter(Vec<u8>);
+
+impl OutcomeWriter {
+    fn words(&mut self, words: &[u64]) {
+        self.0.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+    }
+    fn text(&mut self, text: Option<&str>) {
+        match text {
+            None => self.words(&[u64::MAX]),
+            Some(t) => {
+                self.words(&[t.len() as u64]);
+                self.0.extend_from_slice(t.as_bytes());
+            }
+        }
+    }
+}
+
+/// Reads what [`OutcomeWriter`] wrote, never past the end.
+struct OutcomeReader<'a>(&'a [u8]);
+
+impl OutcomeReader<'_> {
+    fn truncated() -> MphfError {
+        MphfError::PartFormat("truncated".into())
+    }
+    fn word(&mut self) -> Result<u64> {
+        let (head, rest) = self.0.split_first_chunk::<8>().ok_or_else(Self::truncated)?;
+        self.0 = rest;
+        Ok(u64::from_le_bytes(*head))
+    }
+    /// A count that must fit in the bytes left (8 bytes a word), so that no allocation is larger
+    /// than the input.
+    fn count(&mut self) -> Result<usize> {
+        let n = self.word()?;
+        self.count_of(n)
+    }
+    fn count_of(&self, n: u64) -> Result<usize> {
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.0.len() / 8)
+            .ok_or_else(Self::truncated)
+    }
+    /// A number of keys.
+    fn size(&mut self) -> Result<usize> {
+        usize::try_from(self.word()?).map_err(|_| MphfError::PartFormat("a size beyond this platform".into()))
+    }
+    fn words(&mut self, n: usize) -> Result<Vec<u64>> {
+        (0..n).map(|_| self.word()).collect()
+    }
+    fn text(&mut self) -> Result<Option<String>> {
+        let len = self.word()?;
+        if len == u64::MAX {
+            return Ok(None);
+        }
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= self.0.len())
+            .ok_or_else(Self::truncated)?;
+        let (text, rest) = self.0.split_at(len);
+        self.0 = rest;
+        String::from_utf8(text.to_vec())
+            .map(Some)
+            .map_err(|_| MphfError::PartFormat("a text that is not UTF-8".into()))
+    }
+}
+
+/// The coordinator's side of a partitioned build whose owners run elsewhere (a cluster's
+/// workers): which seed and bucket ranges the next round uses, and what a round's outcomes
+/// lead to. It makes the choices of [`Builder::build_partitioned`], so both try the same seeds
+/// and give the same bytes. The keys must be distinct: a shared in-bucket hash is then a
+/// collision, and the next seed is tried.
+pub struct SeedAgreement<'a> {
+    builder: &'a Builder,
+    n: u64,
+    hash_kind: KeyHashKind,
+    ranges: BucketRanges,
+    seed: u64,
+    attempts: u32,
+    last_bucket_failure: usize,
+}
+
+impl<'a> SeedAgreement<'a> {
+    /// The agreement over `n` distinct keys of kind `hash_kind` among `owners` owners, starting
+    /// at `builder`'s seed.
+    ///
+    /// # Errors
+    /// [`MphfError::InvalidParameter`] for bad parameters or `owners = 0`.
+    pub fn new(builder: &'a Builder, n: u64, hash_kind: KeyHashKind, owners: usize) -> Result<Self> {
+        builder.params.validate()?;
+        if owners == 0 {
+            return Err(MphfError::InvalidParameter(
+                "a partitioned build needs at least one owner".into(),
+            ));
+        }
+        Ok(SeedAgreement {
+            builder,
+            n,
+            hash_kind,
+            ranges: BucketRanges::new(builder.params.num_buckets(n), owners),
+            seed: builder.seed,
+            attempts: 1,
+            last_bucket_failure: 0,
+        })
+    }
+
+    /// The seed of the current round.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The owners' bucket ranges (the same in every round).
+    pub fn ranges(&self) -> BucketRanges {
+        self.ranges
+    }
+
+    /// Takes the current round's outcomes, one per owner in owner order (`None`: the owner
+    /// received no key; its empty part is made here). Returns the MPHF and its report, or
+    /// `None` when an owner's check failed and the next round must run with [`Self::seed`].
+    ///
+    /// # Errors
+    /// [`MphfError::InvalidParameter`] for a wrong number of outcomes or a part of another
+    /// bucket range; after the last seed the errors of [`Builder::build`];
+    /// [`MphfError::Watchdog`] when a search passed the cap.
+    pub fn finish_round(&mut self, outcomes: Vec<Option<Outcome>>) -> Result<Option<(Mphf, BuildReport)>> {
+        let owners = self.ranges.owners();
+        if outcomes.len() != owners {
+            return Err(MphfError::InvalidParameter(format!(
+                "{} outcomes for {owners} owners",
+                outcomes.len()
+            )));
+        }
+        // A failed check of the lowest owner comes first, as in the single process (all checks
+        // there precede all searches).
+        let check = outcomes.iter().find_map(|o| match o {
+            Some(Err(e @ (SolveError::DuplicateLo { .. } | SolveError::BucketTooLarge { .. }))) => Some(e.clone()),
+            _ => None,
+        });
+        if let Some(failure) = check {
+            if let SolveError::BucketTooLarge { size, .. } = failure {
+                self.last_bucket_failure = size;
+            }
+            // The single build's seed loop ends one past the last seed tried, and says so.
+            self.seed = self.seed.wrapping_add(1);
+            if self.attempts >= self.builder.max_seeds {
+                return Err(self.builder.out_of_seeds(self.last_bucket_failure, self.seed));
+            }
+            self.attempts += 1;
+            return Ok(None);
+        }
+        let mut parts = Vec::with_capacity(owners);
+        for (w, outcome) in outcomes.into_iter().enumerate() {
+            let part = match outcome {
+                Some(outcome) => outcome.map_err(|e| self.builder.search_failure(e))?,
+                None => sort_part(&self.ranges, w, &[])
+                    .and_then(|p| solve_part(self.builder, p))
+                    .map_err(|e| self.builder.search_failure(e))?,
+            };
+            let (b0, b1) = (self.ranges.first(w), self.ranges.first(w + 1));
+            if part.first_bucket != b0 || part.sizes.len() as u64 != b1 - b0 {
+                return Err(MphfError::InvalidParameter(format!(
+                    "owner {w}'s part holds buckets {}..{}, its range is {b0}..{b1}",
+                    part.first_bucket,
+                    part.first_bucket + part.sizes.len() as u64
+                )));
+            }
+            parts.push(part);
+        }
+        let keys: u64 = parts.iter().flat_map(|p| &p.sizes).sum();
+        if keys != self.n {
+            return Err(MphfError::InvalidParameter(format!(
+                "the parts hold {keys} keys, the build expected {}",
+                self.n
+            )));
+        }
+        let report = BuildReport {
+            attempts: self.attempts,
+            solver: parts
+                .iter()
+                .find_map(|p| p.solver.clone())
+                .unwrap_or_else(|| "cpu".into()),
+            fallback_notice: parts.iter().find_map(|p| p.fallback_notice.clone()),
+            ..Default::default()
+        };
+        Ok(Some((
+            assemble(self.builder, self.n, self.seed, self.hash_kind, parts),
+            report,
+        )))
+    }
+}
+
+/// What an owner computes in a round (steps 2 and 3) from the pairs routed to it.
+pub fn solve_owner(builder: &Builder, ranges: &BucketRanges, w: usize, pairs: &[Vec<Hash128>]) -> Outcome {
+    sort_part(ranges, w, pairs).and_then(|p| solve_part(builder, p))
 }
 
 /// Several slices of keys read as one, in order (the inputs of a partitioned build).
@@ -386,6 +672,191 @@ mod tests {
                 assert!(parted == single, "{params:?}, n = {n}, {owners} owners: bytes differ");
             }
         }
+    }
+
+    /// Every owner's outcome through the encoding, as a cluster ships it.
+    fn shipped_outcomes(builder: &Builder, keys: &[u64], seed: u64, ranges: &BucketRanges) -> Vec<Option<Outcome>> {
+        route(keys, seed, ranges)
+            .into_iter()
+            .enumerate()
+            .map(|(w, pairs)| {
+                (!pairs.is_empty()).then(|| {
+                    let bytes = encode_outcome(&solve_owner(builder, ranges, w, &[pairs]));
+                    decode_outcome(&bytes).unwrap()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_seed_agreement_over_shipped_parts_gives_the_single_builds_bytes() {
+        for (params, n, owners) in [
+            (Params::DEFAULT, 0usize, 3usize),
+            (Params::DEFAULT, 1, 4),
+            (Params::try_new(8, 100, true).unwrap(), 5000, 7),
+            (Params::try_new(5, 5, false).unwrap(), 20_000, 2),
+            (Params::DEFAULT, 100_000, 16),
+        ] {
+            let keys = random_keys(n, 5 + n as u64);
+            let builder = Builder::new(params).seed(9);
+            let single = builder.build(&keys).unwrap().write_bytes();
+            let mut agreement = SeedAgreement::new(&builder, n as u64, KeyHashKind::Integer, owners).unwrap();
+            let ranges = agreement.ranges();
+            let outcomes = shipped_outcomes(&builder, &keys, agreement.seed(), &ranges);
+            let (mphf, report) = agreement.finish_round(outcomes).unwrap().expect("no check fails");
+            assert!(
+                mphf.write_bytes() == single,
+                "{params:?}, n = {n}, {owners} owners: bytes differ"
+            );
+            assert_eq!((report.attempts, report.solver.as_str()), (1, "cpu"));
+        }
+    }
+
+    #[test]
+    fn a_failed_check_moves_every_owner_to_the_next_seed_and_the_last_seed_fails_as_the_single_build() {
+        let keys = random_keys(3000, 1);
+        let builder = Builder::new(Params::DEFAULT).seed(40).max_seeds(2);
+        let mut agreement = SeedAgreement::new(&builder, 3000, KeyHashKind::Integer, 3).unwrap();
+        let ranges = agreement.ranges();
+        let mut outcomes = shipped_outcomes(&builder, &keys, 40, &ranges);
+        outcomes[2] = Some(Err(SolveError::DuplicateLo { bucket: 29, lo: 7 }));
+        outcomes[1] = Some(Err(SolveError::Watchdog { keys: 5 }));
+        assert!(agreement.finish_round(outcomes).unwrap().is_none());
+        assert_eq!(agreement.seed(), 41);
+        // The second round at seed 41 builds what the single build from seed 41 builds.
+        let outcomes = shipped_outcomes(&builder, &keys, 41, &ranges);
+        let (mphf, report) = agreement.finish_round(outcomes).unwrap().unwrap();
+        assert!(mphf.write_bytes() == builder.clone().seed(41).build(&keys).unwrap().write_bytes());
+        assert_eq!(report.attempts, 2);
+        // Out of seeds: the single build's error and message.
+        let mut agreement = SeedAgreement::new(&builder, 3000, KeyHashKind::Integer, 3).unwrap();
+        for round in 0..2 {
+            let mut outcomes = shipped_outcomes(&builder, &keys, 40 + round, &ranges);
+            outcomes[0] = Some(Err(SolveError::BucketTooLarge {
+                bucket: 3,
+                size: 40_000,
+            }));
+            let e = agreement.finish_round(outcomes);
+            if round == 1 {
+                let e = e.map(|_| ()).expect_err("out of seeds").to_string();
+                assert_eq!(e, "a bucket holds 40000 keys (limit 3000) after 2 seeds");
+            }
+        }
+        // A search failure with no failed check is fatal.
+        let mut agreement = SeedAgreement::new(&builder, 3000, KeyHashKind::Integer, 3).unwrap();
+        let mut outcomes = shipped_outcomes(&builder, &keys, 40, &ranges);
+        outcomes[1] = Some(Err(SolveError::Watchdog { keys: 5 }));
+        assert!(matches!(
+            agreement.finish_round(outcomes),
+            Err(MphfError::Watchdog { keys: 5, .. })
+        ));
+    }
+
+    #[test]
+    fn parts_that_do_not_fit_the_round_are_refused() {
+        let keys = random_keys(2000, 2);
+        let builder = Builder::new(Params::DEFAULT);
+        let mut agreement = SeedAgreement::new(&builder, 2000, KeyHashKind::Integer, 4).unwrap();
+        let ranges = agreement.ranges();
+        let outcomes = shipped_outcomes(&builder, &keys, 0, &ranges);
+        let e = agreement.finish_round(outcomes[..3].to_vec()).err().unwrap();
+        assert_eq!(e.to_string(), "invalid parameter: 3 outcomes for 4 owners");
+        let mut swapped = shipped_outcomes(&builder, &keys, 0, &ranges);
+        swapped.swap(0, 1);
+        let e = agreement.finish_round(swapped).err().unwrap().to_string();
+        assert!(
+            e.starts_with("invalid parameter: owner 0's part holds buckets 5..10, its range is 0..5"),
+            "{e}"
+        );
+        let mut lost = shipped_outcomes(&builder, &keys, 0, &ranges);
+        lost[3] = None;
+        let e = agreement.finish_round(lost).err().unwrap().to_string();
+        assert!(e.starts_with("invalid parameter: the parts hold "), "{e}");
+        let e = SeedAgreement::new(&builder, 10, KeyHashKind::Integer, 0).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "invalid parameter: a partitioned build needs at least one owner"
+        );
+    }
+
+    #[test]
+    fn an_encoded_outcome_reads_back_and_damaged_bytes_are_refused() {
+        let keys = random_keys(5000, 3);
+        let builder = Builder::new(Params::try_new(8, 100, true).unwrap());
+        let ranges = BucketRanges::new(builder.params.num_buckets(5000), 3);
+        let pairs = route(&keys[..], 0, &ranges);
+        let mut part = solve_owner(&builder, &ranges, 1, &[pairs[1].clone()]).unwrap();
+        part.fallback_notice = Some("GPU: gone ✓".into());
+        let outcomes = [
+            Ok(part),
+            Err(SolveError::DuplicateLo {
+                bucket: 7,
+                lo: u64::MAX,
+            }),
+            Err(SolveError::BucketTooLarge {
+                bucket: 1,
+                size: 40_000,
+            }),
+            Err(SolveError::Watchdog { keys: 12 }),
+        ];
+        for outcome in &outcomes {
+            let bytes = encode_outcome(outcome);
+            let back = decode_outcome(&bytes).unwrap();
+            assert!(encode_outcome(&back) == bytes, "the outcome changed on its way");
+            match (&back, outcome) {
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(
+                        (a.first_bucket, &a.sizes, &a.starts),
+                        (b.first_bucket, &b.sizes, &b.starts)
+                    );
+                    assert_eq!((a.rice.len(), a.rice.words()), (b.rice.len(), b.rice.words()));
+                    assert_eq!(a.fallback_notice.as_deref(), Some("GPU: gone ✓"));
+                }
+                _ => panic!("the outcome changed its kind"),
+            }
+            // Every truncation and one extra byte are refused, never a panic.
+            for cut in 0..bytes.len() {
+                assert!(
+                    matches!(decode_outcome(&bytes[..cut]), Err(MphfError::PartFormat(_))),
+                    "cut at {cut}"
+                );
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            assert_eq!(
+                decode_outcome(&long).err().unwrap().to_string(),
+                "invalid build part: 1 bytes after the part"
+            );
+        }
+        let good = encode_outcome(&outcomes[0]);
+        let mut foreign = good.clone();
+        foreign[0] ^= 1;
+        assert_eq!(
+            decode_outcome(&foreign).err().unwrap().to_string(),
+            "invalid build part: not an encoded build part"
+        );
+        let mut newer = good.clone();
+        newer[8] = 2;
+        assert_eq!(
+            decode_outcome(&newer).err().unwrap().to_string(),
+            "invalid build part: encoding version 2, this build reads version 1"
+        );
+        let mut tagged = good;
+        tagged[16] = 9;
+        assert_eq!(
+            decode_outcome(&tagged).err().unwrap().to_string(),
+            "invalid build part: unknown outcome tag 9"
+        );
+        // Bits set past the Rice length.
+        let mut stray = RiceBuilder::new();
+        stray.push_bits(1, 3);
+        assert!(RiceBuilder::from_words(vec![0b1001], 3).is_none());
+        assert!(RiceBuilder::from_words(vec![1, 0], 3).is_none());
+        assert_eq!(
+            RiceBuilder::from_words(stray.words().to_vec(), 3).map(|r| r.len()),
+            Some(3)
+        );
     }
 
     /// The sizes: 10^6 and 10^7 here, 10^8 in the ignored test below.

@@ -37,6 +37,24 @@ impl RiceBuilder {
         self.len == 0
     }
 
+    /// The bits as little-endian words, LSB first (exactly ⌈len / 64⌉ of them).
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
+    /// The builder that holds the `len` bits of `words` (as [`RiceBuilder::words`] gives them),
+    /// or `None` unless `words` has exactly ⌈len / 64⌉ entries and no one-bit past `len`.
+    pub fn from_words(words: Vec<u64>, len: u64) -> Option<Self> {
+        if words.len() as u64 != len.div_ceil(64) {
+            return None;
+        }
+        let rest = len % 64;
+        if rest > 0 && words.last().is_some_and(|&w| w >> rest != 0) {
+            return None;
+        }
+        Some(RiceBuilder { words, len })
+    }
+
     /// Appends the `width ≤ 64` low bits of `value`.
     #[inline]
     pub fn push_bits(&mut self, value: u64, width: u32) {

@@ -19,6 +19,7 @@ use ::datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider}
 use ::datafusion::common::{plan_err, DataFusionError, Result, TableReference};
 use ::datafusion::datasource::MemTable;
 use ::datafusion::execution::session_state::SessionStateBuilder;
+use ::datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use ::datafusion::prelude::{DataFrame, ParquetReadOptions, SessionConfig, SessionContext};
 
 use crate::core::column::ColumnIndex;
@@ -33,6 +34,7 @@ use super::persist::{self, Provenance};
 use super::registry::{IndexHandle, IndexSource, MphfRegistry};
 use super::statements::{self, MphfStatement, TableName};
 use super::table::MphfTable;
+use super::udf::partitioned_build::{MphfBuildPartFunc, MphfRouteFunc};
 use super::udf::MphfIndexFunc;
 
 /// Name of the table function listing the session's indexes.
@@ -59,6 +61,16 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
         .scalar_functions()
         .get_or_insert_with(Vec::new)
         .push(Arc::new(MphfIndexFunc::udf(Some(Arc::clone(&registry)))));
+    // The functions of index builds on a cluster (`distributed::build`): the workers find them
+    // by name.
+    builder
+        .scalar_functions()
+        .get_or_insert_with(Vec::new)
+        .push(Arc::new(ScalarUDF::from(MphfRouteFunc::default())));
+    builder
+        .aggregate_functions()
+        .get_or_insert_with(Vec::new)
+        .push(Arc::new(AggregateUDF::from(MphfBuildPartFunc::default())));
     builder.table_functions().get_or_insert_with(Default::default).insert(
         INDEX_LIST_FUNCTION.to_string(),
         Arc::new(::datafusion::catalog::TableFunction::new(

@@ -10,6 +10,8 @@
 //! - [`identity`]: [`IndexRef`], how an encoded node names its index (identity and fingerprint,
 //!   never bytes), and how a worker resolves it (the coordinator's live index in the same
 //!   process, or the saved file, checked).
+//! - [`build`]: an index's MPHF built by the workers, bucket range by bucket range, with the
+//!   single-process build's bytes.
 //! - [`codec`]: encoding and decoding of every MPHF node and of `mphf_index`.
 //! - [`cluster`]: the coordinator's session, a worker endpoint, and an in-memory cluster of N
 //!   workers speaking gRPC over in-process streams.
@@ -19,10 +21,12 @@
 //!   query fails with an error that names the index.
 //! - A decoded node shows the same `EXPLAIN` text and gives the same rows as the encoded one.
 
+pub mod build;
 pub mod cluster;
 pub mod codec;
 pub mod identity;
 
+pub use build::{build_on_cluster, build_round_plan};
 pub use cluster::{distributed_state, worker, InMemoryCluster};
 pub use codec::MphfCodec;
 pub use identity::{fingerprint_of, IndexRef, WorkerIndexes};

@@ -1,6 +1,8 @@
-//! Scalar functions of the extension.
+//! Functions of the extension: `mphf_index`, and the routing and part-building functions of
+//! index builds on a cluster.
 
 pub mod mphf_index;
+pub mod partitioned_build;
 pub mod stored_slots;
 
 pub use mphf_index::{MphfIndexFunc, GPU_LOOKUP_MIN_ROWS};
