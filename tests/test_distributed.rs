@@ -594,3 +594,63 @@ async fn ten_million_keys_built_by_the_workers_have_the_single_builds_bytes() {
         mphf.bits_per_key()
     );
 }
+
+#[tokio::test]
+async fn the_build_functions_refuse_bad_arguments_with_clear_errors() {
+    let ctx = MphfContext::new();
+    let err = |sql: &'static str| {
+        let ctx = ctx.ctx().clone();
+        async move {
+            match ctx.sql(sql).await {
+                Ok(df) => df.collect().await.map(|_| ()).unwrap_err().to_string(),
+                Err(e) => e.to_string(),
+            }
+        }
+    };
+    let u = |v: u64| format!("arrow_cast({v}, 'UInt64')");
+    // The routing function of a valid round gives owners below the owner count.
+    let sql = format!(
+        "SELECT max(mphf_route(column1, {}, {}, {})) AS m FROM (VALUES (1), (2), (3), (40)) AS t",
+        u(7),
+        u(10),
+        u(3)
+    );
+    let rows = ctx.ctx().sql(&sql).await.unwrap().collect().await.unwrap();
+    let max = rows[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::UInt32Type>()
+        .value(0);
+    assert!(max < 3, "owner {max} of 3");
+    assert_eq!(
+        err("SELECT mphf_route(column1, 1, 10, 3) FROM (VALUES (1))").await,
+        "Execution error: mphf_route: argument 2 must be a non-NULL UInt64 constant"
+    );
+    assert_eq!(
+        err("SELECT mphf_route(column1, arrow_cast(1, 'UInt64'), arrow_cast(10, 'UInt64'), arrow_cast(0, 'UInt64')) FROM (VALUES (1))").await,
+        "Error during planning: mphf_route: a round of 10 buckets among 0 owners"
+    );
+    assert_eq!(
+        err("SELECT mphf_route(column1, arrow_cast(1, 'UInt64'), arrow_cast(10, 'UInt64'), arrow_cast(2, 'UInt64')) FROM (VALUES (1), (NULL))").await,
+        "Execution error: mphf_route: a NULL key has no bucket (the build reads the non-NULL keys only)"
+    );
+    let e = err("SELECT mphf_route(column1, arrow_cast(1, 'UInt64'), arrow_cast(10, 'UInt64'), arrow_cast(2, 'UInt64')) FROM (VALUES (1.5))").await;
+    assert!(e.contains("unsupported key type Float64"), "{e}");
+    assert_eq!(
+        err("SELECT mphf_build_part(column1, 8, 100, true, 0, 10, 2) FROM (VALUES (1))").await,
+        "Error during planning: mphf_build_part: argument 2 is 8, not a UInt64"
+    );
+    let e = err(
+        "SELECT mphf_build_part(column1, arrow_cast(40, 'UInt64'), arrow_cast(100, 'UInt64'), true, \
+         arrow_cast(0, 'UInt64'), arrow_cast(10, 'UInt64'), arrow_cast(2, 'UInt64')) FROM (VALUES (1))",
+    )
+    .await;
+    assert!(e.contains("invalid parameter") && e.contains("40"), "{e}");
+    assert_eq!(
+        err(
+            "SELECT mphf_build_part(column1, arrow_cast(8, 'UInt64'), arrow_cast(100, 'UInt64'), column1 > 0, \
+             arrow_cast(0, 'UInt64'), arrow_cast(10, 'UInt64'), arrow_cast(2, 'UInt64')) FROM (VALUES (1))"
+        )
+        .await,
+        "Error during planning: mphf_build_part: argument 4 must be a constant"
+    );
+}

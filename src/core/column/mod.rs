@@ -183,7 +183,7 @@ impl fmt::Debug for ColumnIndex {
 }
 
 /// The value type of a dictionary column, or the type itself.
-fn value_type(dt: &DataType) -> &DataType {
+pub(crate) fn value_type(dt: &DataType) -> &DataType {
     match dt {
         DataType::Dictionary(_, v) => v,
         other => other,

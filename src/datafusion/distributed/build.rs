@@ -26,11 +26,11 @@ use ::datafusion::physical_plan::ExecutionPlan;
 use ::datafusion::prelude::{col, ident, lit, SessionContext};
 
 use crate::core::build::BuildReport;
-use crate::core::column::KeyType;
+use crate::core::column::{value_type, KeyType};
 use crate::core::partitioned::{decode_outcome, Outcome, SeedAgreement};
 use crate::core::{Builder, Mphf, Params};
 use crate::datafusion::error::to_df;
-use crate::datafusion::udf::partitioned_build::{value_type, MphfBuildPartFunc, MphfRouteFunc, Round, BUILD_PART_NAME};
+use crate::datafusion::udf::partitioned_build::{MphfBuildPartFunc, MphfRouteFunc, Round, BUILD_PART_NAME};
 
 /// Column of the distinct keys in the build's queries.
 const KEY: &str = "__mphf_key";

@@ -38,7 +38,7 @@ use ::datafusion::logical_expr::{
 use ::datafusion::physical_expr::expressions::Literal;
 
 use crate::core::column::keys::{with_col, ColFn, KeyCol};
-use crate::core::column::KeyType;
+use crate::core::column::{value_type, KeyType};
 use crate::core::hash::bucket_of;
 use crate::core::partitioned::{encode_outcome, solve_owner, BucketRanges};
 use crate::core::{Builder, Hash128, Params};
@@ -123,14 +123,6 @@ impl ColFn for HashRows {
                 (hi, lo)
             })
             .unzip()
-    }
-}
-
-/// The value type of a dictionary type, or the type itself.
-pub(crate) fn value_type(dt: &DataType) -> &DataType {
-    match dt {
-        DataType::Dictionary(_, v) => v,
-        other => other,
     }
 }
 
