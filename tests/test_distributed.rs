@@ -528,6 +528,14 @@ async fn an_index_built_by_the_workers_has_the_single_builds_bytes() {
             e,
             "Error during planning: invalid parameter: a partitioned build needs at least one owner"
         );
+        let e = build_on_cluster(ctx.ctx(), "t", "id", &Builder::new(Params::DEFAULT), 1 << 40)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "Error during planning: invalid parameter: a partitioned build of 1099511627776 owners; at most 65536"
+        );
     }
 }
 

@@ -71,6 +71,25 @@ impl BucketRanges {
     }
 }
 
+/// Most owners of a partitioned build: far more than the workers of any cluster, few enough
+/// that the per-owner lists and parts stay small.
+pub const MAX_OWNERS: usize = 1 << 16;
+
+/// Refuses an owner count outside `1..=MAX_OWNERS`.
+fn check_owners(owners: usize) -> Result<()> {
+    if owners == 0 {
+        return Err(MphfError::InvalidParameter(
+            "a partitioned build needs at least one owner".into(),
+        ));
+    }
+    if owners > MAX_OWNERS {
+        return Err(MphfError::InvalidParameter(format!(
+            "a partitioned build of {owners} owners; at most {MAX_OWNERS}"
+        )));
+    }
+    Ok(())
+}
+
 /// Step 1: the `(hi, lo)` hashes of `keys` under `seed`, one list per owner of `ranges`.
 pub fn route<K: KeySet + ?Sized>(keys: &K, seed: u64, ranges: &BucketRanges) -> Vec<Vec<Hash128>> {
     let num_buckets = ranges.num_buckets();
@@ -384,11 +403,7 @@ impl<'a> SeedAgreement<'a> {
     /// [`MphfError::InvalidParameter`] for bad parameters or `owners = 0`.
     pub fn new(builder: &'a Builder, n: u64, hash_kind: KeyHashKind, owners: usize) -> Result<Self> {
         builder.params.validate()?;
-        if owners == 0 {
-            return Err(MphfError::InvalidParameter(
-                "a partitioned build needs at least one owner".into(),
-            ));
-        }
+        check_owners(owners)?;
         Ok(SeedAgreement {
             builder,
             n,
@@ -561,11 +576,7 @@ impl Builder {
         inputs: &[&[T]],
         owners: usize,
     ) -> Result<(Mphf, BuildReport)> {
-        if owners == 0 {
-            return Err(MphfError::InvalidParameter(
-                "a partitioned build needs at least one owner".into(),
-            ));
-        }
+        check_owners(owners)?;
         if self.dedup {
             return Err(MphfError::InvalidParameter(
                 "a partitioned build takes distinct keys; it does not deduplicate".into(),
@@ -776,6 +787,21 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "invalid parameter: a partitioned build needs at least one owner"
+        );
+        let e = SeedAgreement::new(&builder, 10, KeyHashKind::Integer, usize::MAX)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "invalid parameter: a partitioned build of {} owners; at most 65536",
+                usize::MAX
+            )
+        );
+        let e = builder.build_partitioned(&[&keys[..]], MAX_OWNERS + 1).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "invalid parameter: a partitioned build of 65537 owners; at most 65536"
         );
     }
 

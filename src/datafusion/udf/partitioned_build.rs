@@ -40,7 +40,7 @@ use ::datafusion::physical_expr::expressions::Literal;
 use crate::core::column::keys::{with_col, ColFn, KeyCol};
 use crate::core::column::{value_type, KeyType};
 use crate::core::hash::bucket_of;
-use crate::core::partitioned::{encode_outcome, solve_owner, BucketRanges};
+use crate::core::partitioned::{encode_outcome, solve_owner, BucketRanges, MAX_OWNERS};
 use crate::core::{Builder, Hash128, Params};
 use crate::datafusion::error::to_df;
 
@@ -81,7 +81,7 @@ impl Round {
 /// The bucket ranges of `num_buckets` buckets among `owners` (constant arguments of `name`).
 fn checked_ranges(name: &str, num_buckets: u64, owners: u64) -> Result<BucketRanges> {
     match usize::try_from(owners) {
-        Ok(w) if num_buckets > 0 && w > 0 && owners <= u64::from(u32::MAX) => Ok(BucketRanges::new(num_buckets, w)),
+        Ok(w) if num_buckets > 0 && (1..=MAX_OWNERS).contains(&w) => Ok(BucketRanges::new(num_buckets, w)),
         _ => plan_err!("{name}: a round of {num_buckets} buckets among {owners} owners"),
     }
 }
