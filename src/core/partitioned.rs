@@ -463,9 +463,7 @@ impl<'a> SeedAgreement<'a> {
         for (w, outcome) in outcomes.into_iter().enumerate() {
             let part = match outcome {
                 Some(outcome) => outcome.map_err(|e| self.builder.search_failure(e))?,
-                None => sort_part(&self.ranges, w, &[])
-                    .and_then(|p| solve_part(self.builder, p))
-                    .map_err(|e| self.builder.search_failure(e))?,
+                None => solve_owner(self.builder, &self.ranges, w, &[]).map_err(|e| self.builder.search_failure(e))?,
             };
             let (b0, b1) = (self.ranges.first(w), self.ranges.first(w + 1));
             if part.first_bucket != b0 || part.sizes.len() as u64 != b1 - b0 {

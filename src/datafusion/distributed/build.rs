@@ -35,8 +35,15 @@ use crate::datafusion::udf::partitioned_build::{MphfBuildPartFunc, MphfRouteFunc
 /// Column of the distinct keys in the build's queries.
 const KEY: &str = "__mphf_key";
 
-/// The distinct non-NULL values of `column` of `table` (one column, [`KEY`]) and their key type.
-async fn distinct_keys(ctx: &SessionContext, table: &str, column: &str) -> Result<(DataFrame, KeyType)> {
+/// The distinct non-NULL values of `column` of `table` (one column, [`KEY`]), and the seed
+/// agreement over them among `owners` owners.
+async fn prepare<'a>(
+    ctx: &SessionContext,
+    table: &str,
+    column: &str,
+    builder: &'a Builder,
+    owners: usize,
+) -> Result<(DataFrame, SeedAgreement<'a>)> {
     let keys = ctx
         .table(table)
         .await?
@@ -44,23 +51,25 @@ async fn distinct_keys(ctx: &SessionContext, table: &str, column: &str) -> Resul
         .filter(col(KEY).is_not_null())?
         .distinct()?;
     let key_type = KeyType::from_arrow(value_type(keys.schema().field(0).data_type())).map_err(to_df)?;
-    Ok((keys, key_type))
+    let n = keys.clone().count().await? as u64;
+    let agreement = SeedAgreement::new(builder, n, key_type.hash_kind(), owners).map_err(to_df)?;
+    Ok((keys, agreement))
 }
 
-/// One round's query over the distinct keys in column `key` of `keys`:
+/// One round's query over the distinct keys (column [`KEY`] of `keys`):
 /// `SELECT mphf_route(key, …) AS owner, mphf_build_part(key, …) AS part … GROUP BY owner`.
-fn round_frame(keys: &DataFrame, key: &str, round: Round) -> Result<DataFrame> {
+fn round_frame(keys: &DataFrame, round: Round) -> Result<DataFrame> {
     let route = ScalarUDF::from(MphfRouteFunc::default());
     let part = AggregateUDF::from(MphfBuildPartFunc::default());
     let Params { leaf, bucket, rotation } = round.params;
     let (seed, buckets, owners) = (lit(round.seed), lit(round.num_buckets), lit(round.owners));
     keys.clone().aggregate(
         vec![route
-            .call(vec![col(key), seed.clone(), buckets.clone(), owners.clone()])
+            .call(vec![col(KEY), seed.clone(), buckets.clone(), owners.clone()])
             .alias("owner")],
         vec![part
             .call(vec![
-                col(key),
+                col(KEY),
                 lit(leaf as u64),
                 lit(bucket as u64),
                 lit(rotation),
@@ -95,10 +104,8 @@ pub async fn build_round_plan(
     builder: &Builder,
     owners: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let (keys, key_type) = distinct_keys(ctx, table, column).await?;
-    let n = keys.clone().count().await? as u64;
-    let agreement = SeedAgreement::new(builder, n, key_type.hash_kind(), owners).map_err(to_df)?;
-    round_frame(&keys, KEY, round_of(builder, &agreement))?
+    let (keys, agreement) = prepare(ctx, table, column, builder, owners).await?;
+    round_frame(&keys, round_of(builder, &agreement))?
         .create_physical_plan()
         .await
 }
@@ -145,13 +152,9 @@ pub async fn build_on_cluster(
     builder: &Builder,
     owners: usize,
 ) -> Result<(Mphf, BuildReport)> {
-    let (keys, key_type) = distinct_keys(ctx, table, column).await?;
-    let n = keys.clone().count().await? as u64;
-    let mut agreement = SeedAgreement::new(builder, n, key_type.hash_kind(), owners).map_err(to_df)?;
+    let (keys, mut agreement) = prepare(ctx, table, column, builder, owners).await?;
     loop {
-        let batches = round_frame(&keys, KEY, round_of(builder, &agreement))?
-            .collect()
-            .await?;
+        let batches = round_frame(&keys, round_of(builder, &agreement))?.collect().await?;
         if let Some(done) = agreement.finish_round(outcomes_of(&batches, owners)?).map_err(to_df)? {
             return Ok(done);
         }
