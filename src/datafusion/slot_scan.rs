@@ -44,6 +44,7 @@ use std::sync::Arc;
 use ::datafusion::arrow::array::{
     new_null_array, Array, ArrayRef, AsArray, RecordBatch, RecordBatchOptions, UInt32Array,
 };
+use ::datafusion::arrow::buffer::ScalarBuffer;
 use ::datafusion::arrow::compute::take;
 use ::datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use ::datafusion::common::config::ConfigOptions;
@@ -255,20 +256,19 @@ pub fn hands_table_arrays(plan: &Arc<dyn ExecutionPlan>, col: usize) -> bool {
 /// `ABSENT`) in `out`; false, leaving `out` to a lookup, when any is NULL (rows the scan did
 /// not vouch for) or `column` is not the scan's slot column type.
 pub fn scan_slots_of(column: &ArrayRef, out: &mut Vec<u64>) -> bool {
-    let Some(slots) = column.as_any().downcast_ref::<UInt32Array>() else {
+    let Some(slots) = scan_slot_values(column) else {
         return false;
     };
-    if slots.null_count() > 0 {
-        return false;
-    }
     out.clear();
-    out.extend(
-        slots
-            .values()
-            .iter()
-            .map(|&s| if s == NO_SLOT { ABSENT } else { u64::from(s) }),
-    );
+    out.extend(slots.iter().map(|&s| if s == NO_SLOT { ABSENT } else { u64::from(s) }));
     true
+}
+
+/// The slots a slot-map scan appended, as they are (`NO_SLOT`: a NULL key), without a copy;
+/// `None` on the same terms as [`scan_slots_of`].
+pub fn scan_slot_values(column: &ArrayRef) -> Option<&ScalarBuffer<u32>> {
+    let slots = column.as_any().downcast_ref::<UInt32Array>()?;
+    (slots.null_count() == 0).then(|| slots.values())
 }
 
 /// The position of the slot column a slot-map scan appended for `handle`'s index in `schema`.

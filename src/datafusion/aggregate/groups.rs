@@ -14,7 +14,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use ::datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
+use ::datafusion::arrow::buffer::BooleanBuffer;
 use ::datafusion::arrow::compute::{cast, take};
 use ::datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use ::datafusion::common::{DataFusionError, Result};
@@ -189,8 +190,11 @@ pub(super) struct SlotGroups {
     slot_lo: usize,
     /// Length of the window.
     window: usize,
-    /// Group of slot `slot_lo + i` at `i`, or `NO_GROUP` (allocated on the first row).
+    /// Group of slot `slot_lo + i` at `i`, or `NO_GROUP` (allocated on the first row). With
+    /// `window_offsets`, `i` itself once the slot has a row (the touched marks that emission reads).
     group_of_slot: Vec<u32>,
+    /// Group `i` is slot `slot_lo + i` for the whole window (see [`SlotGroups::use_window_offsets`]).
+    window_offsets: bool,
     /// What each group is.
     origin: Vec<Origin>,
     /// Dependent values of each group (`None` without dependents).
@@ -258,6 +262,7 @@ impl SlotGroups {
             slot_lo: window.start,
             window: window.len(),
             group_of_slot: Vec::new(),
+            window_offsets: false,
             origin: Vec::new(),
             deps,
             mismatch: HashMap::new(),
@@ -291,6 +296,44 @@ impl SlotGroups {
             deps.register(g, row)?;
         }
         Ok(g)
+    }
+
+    /// Makes group `i` the canonical group of slot `slot_lo + i` for the whole window, before any
+    /// row: a row's group is then its slot's offset, with no table lookup and no branch on a
+    /// slot's first row. It pays when most slots of the window get rows, since the accumulators
+    /// and the emission scan then cover every slot of the window. Only without dependent group
+    /// columns (their values are taken from a slot's first row) and before the first row;
+    /// returns whether it took effect. The accumulators then get an all-true filter with every
+    /// update (see `offsets_filter`), and per-slot states cannot be merged in.
+    pub(super) fn use_window_offsets(&mut self) -> bool {
+        if self.deps.is_some() || !self.origin.is_empty() || self.window >= NO_GROUP as usize {
+            return false;
+        }
+        self.origin = (self.slot_lo..self.slot_lo + self.window).map(Origin::Slot).collect();
+        self.group_of_slot = vec![NO_GROUP; self.window];
+        self.window_offsets = true;
+        true
+    }
+
+    /// The canonical group of slot `s`, made on the slot's first row (`row`: its position in
+    /// the batch, for the dependent values); `None` when `s` lies outside the window.
+    #[inline]
+    fn slot_group(&mut self, s: usize, row: Option<usize>) -> Result<Option<usize>> {
+        let i = s.wrapping_sub(self.slot_lo);
+        let Some(entry) = self.group_of_slot.get_mut(i) else {
+            return Ok(None);
+        };
+        if self.window_offsets {
+            // Below NO_GROUP: `use_window_offsets` takes windows of fewer slots only.
+            *entry = i as u32;
+            return Ok(Some(i));
+        }
+        if *entry != NO_GROUP {
+            return Ok(Some(*entry as usize));
+        }
+        let g = self.new_group(Origin::Slot(s), row)?;
+        self.group_of_slot[i] = g as u32;
+        Ok(Some(g))
     }
 
     /// Accumulates one input batch: slot lookup (batched, verified), then `update_batch`.
@@ -349,9 +392,11 @@ impl SlotGroups {
             groups.clear();
             groups.reserve(rows);
             let lo = self.slot_lo;
+            // With window offsets no group table entry is read, so none is fetched ahead.
+            let fetch_ahead = !self.window_offsets;
             for (i, &slot) in slots.iter().enumerate() {
                 // Slots are random: start the cache miss of a row some distinct keys ahead.
-                if let Some(&ahead) = slots.get(i + GROUP_PREFETCH) {
+                if let Some(&ahead) = slots.get(i + GROUP_PREFETCH).filter(|_| fetch_ahead) {
                     if ahead != ABSENT {
                         prefetch(
                             self.group_of_slot
@@ -362,19 +407,10 @@ impl SlotGroups {
                 }
                 if slot != ABSENT {
                     let s = slot as usize;
-                    let Some(&g) = self.group_of_slot.get(s.wrapping_sub(lo)) else {
-                        return Err(DataFusionError::Internal(format!(
-                            "MphfAggregateExec: slot {s} outside the window {lo}..{}",
-                            lo + self.window
-                        )));
+                    let Some(g) = self.slot_group(s, Some(i))? else {
+                        return Err(self.outside_window(s));
                     };
-                    if g == NO_GROUP {
-                        let g = self.new_group(Origin::Slot(s), Some(i))?;
-                        self.group_of_slot[s - lo] = g as u32;
-                        groups.push(g);
-                    } else {
-                        groups.push(g as usize);
-                    }
+                    groups.push(g);
                 } else {
                     let converted = match &full_rows {
                         Some(r) => r,
@@ -407,6 +443,77 @@ impl SlotGroups {
             }
             self.groups = groups;
         }
+        self.update(batch)
+    }
+
+    /// Accumulates `batch` whose rows all have slots, `slots`, inside this state's window (a
+    /// chunk of the range form, whose slots are u32). With window offsets a row's group is its
+    /// slot's offset, marked as touched; otherwise it goes through [`SlotGroups::accumulate_slots`].
+    pub(super) fn accumulate_window_slots(&mut self, batch: &RecordBatch, slots: &[u32]) -> Result<()> {
+        let rows = batch.num_rows();
+        if !self.window_offsets {
+            let mut wide = std::mem::take(&mut self.slots);
+            wide.clear();
+            wide.extend(slots.iter().map(|&s| u64::from(s)));
+            let out = self.accumulate_slots(batch, None, &wide);
+            self.slots = wide;
+            return out;
+        }
+        if slots.len() != rows {
+            return Err(DataFusionError::Internal(format!(
+                "MphfAggregateExec: {} slots for {rows} rows",
+                slots.len()
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        self.metrics.input_rows.add(rows);
+        {
+            let lookup_time = self.metrics.lookup_time.clone();
+            let _timer = lookup_time.timer();
+            let lo = self.slot_lo;
+            let mut groups = std::mem::take(&mut self.groups);
+            groups.clear();
+            groups.reserve(rows);
+            for &s in slots {
+                let i = (s as usize).wrapping_sub(lo);
+                let Some(mark) = self.group_of_slot.get_mut(i) else {
+                    return Err(self.outside_window(s as usize));
+                };
+                // Below NO_GROUP: `use_window_offsets` takes windows of fewer slots only.
+                *mark = i as u32;
+                groups.push(i);
+            }
+            self.groups = groups;
+        }
+        self.update(batch)
+    }
+
+    /// With window offsets, an all-true filter of `rows` rows for the accumulators; `None`
+    /// otherwise. Called without a filter, DataFusion's accumulators take every group below
+    /// `total_num_groups` as one that has had rows (their null tracking is skipped while the
+    /// values have no NULLs), which holds when groups are numbered in order of appearance. With
+    /// offsets, groups of the window that have had no row yet would then count as seen, and a
+    /// slot whose rows are all NULL would get a value instead of NULL. Under a filter the
+    /// accumulators track every group.
+    fn offsets_filter(&self, rows: usize) -> Option<BooleanArray> {
+        self.window_offsets
+            .then(|| BooleanArray::new(BooleanBuffer::new_set(rows), None))
+    }
+
+    /// The error of a row whose slot `s` lies outside this state's window.
+    fn outside_window(&self, s: usize) -> DataFusionError {
+        DataFusionError::Internal(format!(
+            "MphfAggregateExec: slot {s} outside the window {}..{}",
+            self.slot_lo,
+            self.slot_lo + self.window
+        ))
+    }
+
+    /// `update_batch` of every aggregate over `batch`, whose rows' groups are `self.groups`.
+    fn update(&mut self, batch: &RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
         if self.origin.len() > u32::MAX as usize - 1 {
             return Err(DataFusionError::ResourcesExhausted(
                 "MphfAggregateExec: more than 2^32 - 1 groups in one partition".into(),
@@ -414,12 +521,13 @@ impl SlotGroups {
         }
         let total = self.origin.len();
         let _timer = self.metrics.aggregation_time.timer();
+        let every_row = self.offsets_filter(rows);
         for (acc, exprs) in self.accs.iter_mut().zip(&self.args) {
             let values = exprs
                 .iter()
                 .map(|e| e.evaluate(batch)?.into_array(rows))
                 .collect::<Result<Vec<ArrayRef>>>()?;
-            acc.update_batch(&values, &self.groups, None, total)?;
+            acc.update_batch(&values, &self.groups, every_row.as_ref(), total)?;
         }
         self.seen_rows = true;
         Ok(())
@@ -431,22 +539,21 @@ impl SlotGroups {
         if part.slots.is_empty() {
             return Ok(());
         }
+        if self.window_offsets {
+            // `merge_batch` takes no filter (see `offsets_filter`).
+            return Err(DataFusionError::Internal(
+                "MphfAggregateExec: per-slot states merged into window offsets".into(),
+            ));
+        }
         self.metrics.record_gpu(part);
         if self.group_of_slot.is_empty() {
             self.group_of_slot = vec![NO_GROUP; self.window];
         }
-        let lo = self.slot_lo;
         let mut groups = std::mem::take(&mut self.groups);
         groups.clear();
         for &s in &part.slots {
-            let g = match self.group_of_slot.get(s.wrapping_sub(lo)) {
-                Some(&NO_GROUP) => {
-                    let g = self.new_group(Origin::Slot(s), None)?;
-                    self.group_of_slot[s - lo] = g as u32;
-                    g
-                }
-                Some(&g) => g as usize,
-                None => return Err(DataFusionError::Internal(format!("GPU slot {s} out of range"))),
+            let Some(g) = self.slot_group(s, None)? else {
+                return Err(DataFusionError::Internal(format!("GPU slot {s} out of range")));
             };
             groups.push(g);
         }
@@ -589,6 +696,7 @@ impl SlotGroups {
         }
         self.origin.clear();
         self.group_of_slot = Vec::new();
+        self.window_offsets = false;
         // Columns may differ from the schema only in nullability flags / metadata of state fields.
         Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
     }

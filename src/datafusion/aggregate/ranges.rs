@@ -9,15 +9,19 @@
 //! the caches, and merges P sets of states of nearly the full slot count.
 //!
 //! Here the rows are moved instead of the states:
-//! 1. **Scatter** (one task per input partition): each batch gets its rows' slots (handed over
-//!    by the scan, or looked up once), and a chunk of batches at a time is reordered by slot
-//!    range with a counting sort and one `interleave` per column. Rows without a slot (NULL key,
-//!    key not in the index) keep their columns in a side list.
+//! 1. **Scatter** (one task per input partition): each batch gets its rows' slots (the scan's
+//!    slot column itself when the scan hands them over, or looked up once), whose ranges are
+//!    counted on arrival, while they are in cache. A chunk of batches at a time is then
+//!    reordered by slot range (the counts are a counting sort's histogram), with one write per
+//!    value or one `interleave` per column. Rows without a slot (NULL key, key not in the
+//!    index) keep their columns in a side list.
 //! 2. **Aggregate** (output partition `p`): for each range that `p` owns, one
 //!    [`SlotGroups`] window of the range's slots takes the range's slice of every chunk of every
 //!    input partition, then evaluates the final values. A range is at most [`MAX_RANGE_SLOTS`]
 //!    slots, so its group array and accumulators stay in the core's cache. No partial states,
-//!    no merge. Partition 0 also aggregates the rows without a slot.
+//!    no merge. When a range has at least as many rows as slots, a row's group is its slot's
+//!    offset in the range ([`SlotGroups::use_window_offsets`]), with no group table lookup.
+//!    Partition 0 also aggregates the rows without a slot.
 //!
 //! # Invariants
 //! - Range `r` holds the slots `[r·2^shift, (r+1)·2^shift)`; output partition `p` of `P` owns
@@ -29,6 +33,11 @@
 //!   reads its key (the group's key is emitted from the index).
 //! - Fixed-width columns without NULLs are scattered straight into their new positions (one
 //!   write per value); others go through arrow's `interleave`.
+//! - Slots are u32 (`NO_SLOT`: none), as the slot maps store them: the rule takes the range form
+//!   only for indexes of fewer than `u32::MAX` slots. A scan's slot column is kept, not
+//!   copied: every fresh byte per row is paid for again in page faults.
+//! - The placeholder columns are slices of one all-NULL array per column, made once per scatter
+//!   task.
 //! - Memory: the scattered chunks (O(rows)) and each output partition's current range are
 //!   reserved in the memory pool.
 
@@ -37,7 +46,7 @@ use std::sync::Arc;
 use ::datafusion::arrow::array::{
     make_array, new_null_array, Array, ArrayData, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions,
 };
-use ::datafusion::arrow::buffer::MutableBuffer;
+use ::datafusion::arrow::buffer::{MutableBuffer, ScalarBuffer};
 use ::datafusion::arrow::compute::{filter_record_batch, interleave};
 use ::datafusion::arrow::datatypes::ArrowNativeType;
 use ::datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -55,6 +64,8 @@ use super::grouping::Grouping;
 use super::groups::{batch_slots, SlotGroups, SlotMetrics};
 use crate::core::column::ABSENT;
 use crate::datafusion::registry::IndexHandle;
+use crate::datafusion::slot_scan::scan_slot_values;
+use crate::index::NO_SLOT;
 
 /// Most slots in one range: a range's group array (4 bytes a slot) and a few accumulator
 /// states (8–16 bytes a group) then fit a core's L2 cache.
@@ -124,8 +135,9 @@ impl SlotRanges {
 struct Chunk {
     /// The rows, range after range (columns the ranges do not read are placeholders).
     batch: RecordBatch,
-    /// Their slots, in the same order.
-    slots: Vec<u64>,
+    /// Their slots, in the same order (u32: the range form takes indexes of fewer than
+    /// `u32::MAX` slots).
+    slots: Vec<u32>,
     /// Range `r`'s rows are `starts[r]..starts[r + 1]`.
     starts: Vec<usize>,
 }
@@ -155,6 +167,12 @@ impl RangeJob {
         metrics: &ExecutionPlanMetricsSet,
     ) -> Result<Scattered> {
         let inputs = self.partial.input().output_partitioning().partition_count();
+        if self.index.index().len() >= u64::from(NO_SLOT) {
+            return Err(DataFusionError::Internal(format!(
+                "MphfAggregateExec: the range form takes fewer than {NO_SLOT} slots, not {}",
+                self.index.index().len()
+            )));
+        }
         let layout = self.chunk_layout();
         let mut tasks = Vec::with_capacity(inputs);
         for i in 0..inputs {
@@ -166,6 +184,10 @@ impl RangeJob {
                 read: Arc::clone(&layout.0),
                 chunk_schema: Arc::clone(&layout.1),
                 dest: Vec::new(),
+                looked_up: Vec::new(),
+                pending_counts: vec![0; self.ranges.len() + 1],
+                pending_absent: 0,
+                placeholders: vec![None; layout.1.fields().len()],
                 metrics: SlotMetrics::new(metrics, i),
                 scatter_time: MetricBuilder::new(metrics).subset_time("scatter_time", i),
                 reservation: MemoryConsumer::new(format!("MphfAggregateExec[scatter {i}]"))
@@ -242,20 +264,27 @@ impl RangeJob {
         let mut out = Vec::new();
         let slot_metrics = SlotMetrics::new(metrics, partition);
         for r in self.ranges.of_partition(partition) {
+            let slots = self.ranges.slots(r);
+            let window = slots.len();
             let mut groups = SlotGroups::try_new_window(
                 &self.partial,
                 self.key_pos,
                 &self.out_schema,
                 Arc::clone(&self.index),
-                self.ranges.slots(r),
+                slots,
                 slot_metrics.clone(),
             )?;
+            let rows: usize = scattered.chunks.iter().map(|c| c.starts[r + 1] - c.starts[r]).sum();
+            if rows >= window {
+                // Most of the range's slots have rows: each row's group is its slot's offset.
+                groups.use_window_offsets();
+            }
             for chunk in &scattered.chunks {
                 let (a, b) = (chunk.starts[r], chunk.starts[r + 1]);
                 if a == b {
                     continue;
                 }
-                groups.accumulate_slots(&chunk.batch.slice(a, b - a), None, &chunk.slots[a..b])?;
+                groups.accumulate_window_slots(&chunk.batch.slice(a, b - a), &chunk.slots[a..b])?;
                 reservation.try_resize(groups.size())?;
             }
             if r == 0 && !scattered.unslotted.is_empty() {
@@ -280,7 +309,7 @@ impl RangeJob {
 const NO_POSITION: u32 = u32::MAX;
 
 /// The (batch, row) of each chunk position, for `interleave`.
-fn interleave_order(pending: &[(RecordBatch, Vec<u64>)], dest: &[u32], rows: usize) -> Vec<(usize, usize)> {
+fn interleave_order(pending: &[(RecordBatch, ScalarBuffer<u32>)], dest: &[u32], rows: usize) -> Vec<(usize, usize)> {
     let mut order = vec![(0usize, 0usize); rows];
     let mut k = 0;
     for (b, (batch, _)) in pending.iter().enumerate() {
@@ -358,6 +387,14 @@ struct Scatter {
     chunk_schema: SchemaRef,
     /// Scratch: each pending row's position in the chunk (`NO_POSITION`: no slot).
     dest: Vec<u32>,
+    /// Scratch: the slots of a batch looked up in the index.
+    looked_up: Vec<u64>,
+    /// Rows of each range among the pending rows, at `r + 1` (counted as their slots arrive,
+    /// while they are in cache), and the pending rows without a slot.
+    pending_counts: Vec<usize>,
+    pending_absent: usize,
+    /// All-NULL arrays of the placeholder columns, sliced for each chunk (never read).
+    placeholders: Vec<Option<ArrayRef>>,
     metrics: SlotMetrics,
     scatter_time: Time,
     reservation: MemoryReservation,
@@ -371,7 +408,7 @@ impl Scatter {
         let chunk_rows = self.ranges.chunk_rows();
         let mut chunks = Vec::new();
         let mut unslotted = Vec::new();
-        let mut pending: Vec<(RecordBatch, Vec<u64>)> = Vec::new();
+        let mut pending: Vec<(RecordBatch, ScalarBuffer<u32>)> = Vec::new();
         let mut pending_rows = 0;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
@@ -379,12 +416,12 @@ impl Scatter {
             if rows == 0 {
                 continue;
             }
-            let mut slots = Vec::with_capacity(rows);
-            {
-                let _timer = self.metrics.lookup_time.timer();
-                let key = self.grouping.key_expr.evaluate(&batch)?.into_array(rows)?;
-                batch_slots(&self.grouping, &self.index, &batch, &key, &mut slots, &self.metrics)?;
-            }
+            let slots = {
+                let lookup_time = self.metrics.lookup_time.clone();
+                let _timer = lookup_time.timer();
+                self.slots_of(&batch)?
+            };
+            self.count(&slots);
             // The input's memory is now held here until the ranges are aggregated.
             self.reservation.try_grow(batch.get_array_memory_size())?;
             pending_rows += rows;
@@ -403,10 +440,62 @@ impl Scatter {
         Ok((chunks, unslotted, self.reservation))
     }
 
+    /// The slots of `batch`'s rows as u32 (`NO_SLOT`: none): the slot-map scan's column itself
+    /// when it hands them over, else looked up in the index (see [`batch_slots`]).
+    fn slots_of(&mut self, batch: &RecordBatch) -> Result<ScalarBuffer<u32>> {
+        let rows = batch.num_rows();
+        if let Some(slots) = self.grouping.scan_slots.and_then(|c| scan_slot_values(batch.column(c))) {
+            self.metrics.scan_slot_rows.add(rows);
+            return Ok(slots.clone());
+        }
+        let key = self.grouping.key_expr.evaluate(batch)?.into_array(rows)?;
+        batch_slots(
+            &self.grouping,
+            &self.index,
+            batch,
+            &key,
+            &mut self.looked_up,
+            &self.metrics,
+        )?;
+        // Below NO_SLOT: the index has fewer slots (checked before the scatter starts).
+        let narrow = self
+            .looked_up
+            .iter()
+            .map(|&s| if s == ABSENT { NO_SLOT } else { s as u32 });
+        Ok(narrow.collect())
+    }
+
+    /// Adds the ranges of a pending batch's slots to the counts.
+    fn count(&mut self, slots: &[u32]) {
+        let counts = &mut self.pending_counts[1..];
+        for &s in slots {
+            if s == NO_SLOT {
+                self.pending_absent += 1;
+            } else {
+                counts[self.ranges.of(u64::from(s))] += 1;
+            }
+        }
+    }
+
+    /// An all-NULL column `c` of `rows` rows (a slice of one kept array; see `placeholders`).
+    fn placeholder(&mut self, c: usize, rows: usize) -> ArrayRef {
+        let field = self.chunk_schema.field(c);
+        let kept = &mut self.placeholders[c];
+        match kept {
+            Some(array) if array.len() >= rows => array.slice(0, rows),
+            _ => {
+                let array = new_null_array(field.data_type(), rows.max(self.ranges.chunk_rows()));
+                let out = array.slice(0, rows);
+                *kept = Some(array);
+                out
+            }
+        }
+    }
+
     /// Reorders the pending batches by slot range into one chunk (see the module).
     fn flush(
         &mut self,
-        pending: &mut Vec<(RecordBatch, Vec<u64>)>,
+        pending: &mut Vec<(RecordBatch, ScalarBuffer<u32>)>,
         chunks: &mut Vec<Chunk>,
         unslotted: &mut Vec<RecordBatch>,
     ) -> Result<()> {
@@ -414,17 +503,8 @@ impl Scatter {
             return Ok(());
         }
         let n_ranges = self.ranges.len();
-        let mut starts = vec![0usize; n_ranges + 1];
-        let mut absent = 0usize;
-        for (_, slots) in pending.iter() {
-            for &s in slots {
-                if s == ABSENT {
-                    absent += 1;
-                } else {
-                    starts[self.ranges.of(s) + 1] += 1;
-                }
-            }
-        }
+        let mut starts = std::mem::replace(&mut self.pending_counts, vec![0; n_ranges + 1]);
+        let absent = std::mem::take(&mut self.pending_absent);
         for r in 0..n_ranges {
             starts[r + 1] += starts[r];
         }
@@ -436,15 +516,15 @@ impl Scatter {
         }
         // Each row's position in the chunk, and the chunk's slots.
         let mut next = starts.clone();
-        let mut slots_out = vec![0u64; rows];
+        let mut slots_out = vec![0u32; rows];
         let dest = &mut self.dest;
         dest.clear();
         for (_, slots) in pending.iter() {
             dest.extend(slots.iter().map(|&s| {
-                if s == ABSENT {
+                if s == NO_SLOT {
                     return NO_POSITION;
                 }
-                let r = self.ranges.of(s);
+                let r = self.ranges.of(u64::from(s));
                 let at = next[r];
                 next[r] += 1;
                 slots_out[at] = s;
@@ -453,25 +533,27 @@ impl Scatter {
         }
         let schema = Arc::clone(&self.chunk_schema);
         let mut order: Option<Vec<(usize, usize)>> = None;
-        let columns = (0..schema.fields().len())
-            .map(|c| {
-                if !self.read[c] {
-                    return Ok(new_null_array(schema.field(c).data_type(), rows));
-                }
-                let arrays: Vec<&dyn Array> = pending.iter().map(|(b, _)| b.column(c).as_ref()).collect();
-                if let Some(array) = scatter_fixed_width(&arrays, dest, rows) {
-                    return Ok(array);
-                }
-                let order = order.get_or_insert_with(|| interleave_order(pending, dest, rows));
-                Ok(interleave(&arrays, order)?)
-            })
-            .collect::<Result<Vec<ArrayRef>>>()?;
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for c in 0..schema.fields().len() {
+            if !self.read[c] {
+                columns.push(self.placeholder(c, rows));
+                continue;
+            }
+            let dest = &self.dest;
+            let arrays: Vec<&dyn Array> = pending.iter().map(|(b, _)| b.column(c).as_ref()).collect();
+            if let Some(array) = scatter_fixed_width(&arrays, dest, rows) {
+                columns.push(array);
+                continue;
+            }
+            let order = order.get_or_insert_with(|| interleave_order(pending, dest, rows));
+            columns.push(interleave(&arrays, order)?);
+        }
         let batch =
             RecordBatch::try_new_with_options(schema, columns, &RecordBatchOptions::new().with_row_count(Some(rows)))?;
-        let mut after = batch.get_array_memory_size() + slots_out.capacity() * 8;
+        let mut after = batch.get_array_memory_size() + slots_out.capacity() * 4;
         if absent > 0 {
             for (b, slots) in pending.iter() {
-                let mask: BooleanArray = slots.iter().map(|&s| Some(s == ABSENT)).collect();
+                let mask: BooleanArray = slots.iter().map(|&s| Some(s == NO_SLOT)).collect();
                 let kept = filter_record_batch(b, &mask)?;
                 if kept.num_rows() > 0 {
                     after += kept.get_array_memory_size();

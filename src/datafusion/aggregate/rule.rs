@@ -561,12 +561,14 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
 /// True when the partials of a key of `handle` over `input` are to be merged in the range form:
 /// the key is not clustered and the estimated input has fewer than
 /// [`RANGES_BELOW_ROWS_PER_SLOT`] rows per slot and input partition (every partial would then
-/// touch most slots at random, and merge work would grow with the partitions).
+/// touch most slots at random, and merge work would grow with the partitions). The range form
+/// keeps its slots as u32, so the index has fewer than `u32::MAX` slots.
 fn takes_range_form(handle: &IndexHandle, input: &Arc<dyn ExecutionPlan>, estimates: &RowEstimator) -> bool {
     let clustered = handle.info().rows_per_run.unwrap_or(0.0) >= CLUSTERED_ROWS_PER_RUN;
     let inputs = input.output_partitioning().partition_count().max(1) as f64;
     let slots = handle.index().len() as f64;
     !clustered
+        && handle.index().len() < u64::from(u32::MAX)
         && estimates
             .rows(input)
             .is_some_and(|rows| rows < RANGES_BELOW_ROWS_PER_SLOT * inputs * slots)
