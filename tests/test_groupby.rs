@@ -567,8 +567,8 @@ async fn foreign_index_labels_name_no_index() {
 /// results: NULL keys, all-NULL value groups, dependent columns that disagree with their slot,
 /// a key read by an aggregate too, slot keys, string keys, more partitions than ranges, and
 /// ranges with more rows than slots where a third of the slots get none (their groups are the
-/// slots' offsets, and the untouched slots are not emitted); a clustered key keeps the partials
-/// form.
+/// slots' offsets, and the untouched slots are not emitted), and offsets over arguments that are
+/// not plain columns, NULL for every row of some slots; a clustered key keeps the partials form.
 #[tokio::test]
 async fn unclustered_keys_merge_by_slot_range() {
     for partitions in [2, 3, 16] {
@@ -592,6 +592,7 @@ async fn unclustered_keys_merge_by_slot_range() {
             "SELECT k, sum(v) AS sv FROM t GROUP BY k ORDER BY sv DESC, k LIMIT 7",
             "SELECT k, sum(m), count(*) FROM t WHERE v % 500 = 7 GROUP BY k",
             "SELECT k, count(*), sum(v) FROM t WHERE k % 3 <> 0 GROUP BY k",
+            "SELECT k, sum(CASE WHEN k % 4 = 0 THEN NULL ELSE v END), min(v + 1), count(*) FROM t GROUP BY k",
             "SELECT mphf_index(k) AS s, count(*), sum(v) FROM t GROUP BY mphf_index(k)",
             "SELECT u, count(*), max(w) FROM st GROUP BY u",
             "SELECT count(DISTINCT u) FROM st",

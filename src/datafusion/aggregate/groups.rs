@@ -22,6 +22,7 @@ use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use ::datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use ::datafusion::physical_expr::expressions::{Column, Literal};
 use ::datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
 use ::datafusion::physical_plan::aggregates::AggregateExec;
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
@@ -195,6 +196,8 @@ pub(super) struct SlotGroups {
     group_of_slot: Vec<u32>,
     /// Group `i` is slot `slot_lo + i` for the whole window (see [`SlotGroups::use_window_offsets`]).
     window_offsets: bool,
+    /// With window offsets, whether the accumulators get an all-true filter (see `offsets_filter`).
+    offsets_filtered: bool,
     /// What each group is.
     origin: Vec<Origin>,
     /// Dependent values of each group (`None` without dependents).
@@ -263,6 +266,7 @@ impl SlotGroups {
             window: window.len(),
             group_of_slot: Vec::new(),
             window_offsets: false,
+            offsets_filtered: false,
             origin: Vec::new(),
             deps,
             mismatch: HashMap::new(),
@@ -303,16 +307,38 @@ impl SlotGroups {
     /// slot's first row. It pays when most slots of the window get rows, since the accumulators
     /// and the emission scan then cover every slot of the window. Only without dependent group
     /// columns (their values are taken from a slot's first row) and before the first row;
-    /// returns whether it took effect. The accumulators then get an all-true filter with every
-    /// update (see `offsets_filter`), and per-slot states cannot be merged in.
-    pub(super) fn use_window_offsets(&mut self) -> bool {
+    /// returns whether it took effect. Unless `null_free` (no aggregate argument takes a NULL,
+    /// see [`SlotGroups::arguments_free_of_nulls`]), the accumulators then get an all-true
+    /// filter with every update (see `offsets_filter`). Per-slot states cannot be merged in.
+    pub(super) fn use_window_offsets(&mut self, null_free: bool) -> bool {
         if self.deps.is_some() || !self.origin.is_empty() || self.window >= NO_GROUP as usize {
             return false;
         }
         self.origin = (self.slot_lo..self.slot_lo + self.window).map(Origin::Slot).collect();
         self.group_of_slot = vec![NO_GROUP; self.window];
         self.window_offsets = true;
+        self.offsets_filtered = !null_free;
         true
+    }
+
+    /// True when no aggregate argument takes a NULL over `batches` (of the input's schema):
+    /// each is a column without NULLs in them, or a literal that is not NULL. Every group that
+    /// gets a row then gets a value, as DataFusion's accumulators assume when no filter is
+    /// passed (see `offsets_filter`).
+    pub(super) fn arguments_free_of_nulls<'a>(&self, mut batches: impl Iterator<Item = &'a RecordBatch>) -> bool {
+        let mut columns = Vec::new();
+        for arg in self.args.iter().flatten() {
+            if let Some(column) = arg.downcast_ref::<Column>() {
+                columns.push(column.index());
+            } else if arg.downcast_ref::<Literal>().is_none_or(|l| l.value().is_null()) {
+                return false;
+            }
+        }
+        batches.all(|b| {
+            columns
+                .iter()
+                .all(|&c| b.columns().get(c).is_some_and(|a| a.null_count() == 0))
+        })
     }
 
     /// The canonical group of slot `s`, made on the slot's first row (`row`: its position in
@@ -490,16 +516,17 @@ impl SlotGroups {
         self.update(batch)
     }
 
-    /// With window offsets, an all-true filter of `rows` rows for the accumulators; `None`
-    /// otherwise. Called without a filter, DataFusion's accumulators take every group below
-    /// `total_num_groups` as one that has had rows (their null tracking is skipped while the
-    /// values have no NULLs), which holds when groups are numbered in order of appearance. With
-    /// offsets, groups of the window that have had no row yet would then count as seen, and a
-    /// slot whose rows are all NULL would get a value instead of NULL. Under a filter the
-    /// accumulators track every group.
+    /// With window offsets over arguments that may be NULL, an all-true filter of `rows` rows
+    /// for the accumulators; `None` otherwise. Called without a filter, DataFusion's
+    /// accumulators take every group below `total_num_groups` as one that has had a value
+    /// (their null tracking is skipped while the values have no NULLs), which holds when groups
+    /// are numbered in order of appearance. With offsets, groups of the window that have had no
+    /// row yet would then count as seen, and a slot whose rows are all NULL would get a value
+    /// instead of NULL. Under a filter the accumulators track every group. Without NULL
+    /// arguments every group with a row has a value, and the groups without rows are never
+    /// emitted, so no filter is needed.
     fn offsets_filter(&self, rows: usize) -> Option<BooleanArray> {
-        self.window_offsets
-            .then(|| BooleanArray::new(BooleanBuffer::new_set(rows), None))
+        (self.window_offsets && self.offsets_filtered).then(|| BooleanArray::new(BooleanBuffer::new_set(rows), None))
     }
 
     /// The error of a row whose slot `s` lies outside this state's window.
@@ -697,6 +724,7 @@ impl SlotGroups {
         self.origin.clear();
         self.group_of_slot = Vec::new();
         self.window_offsets = false;
+        self.offsets_filtered = false;
         // Columns may differ from the schema only in nullability flags / metadata of state fields.
         Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
     }

@@ -277,7 +277,8 @@ impl RangeJob {
             let rows: usize = scattered.chunks.iter().map(|c| c.starts[r + 1] - c.starts[r]).sum();
             if rows >= window {
                 // Most of the range's slots have rows: each row's group is its slot's offset.
-                groups.use_window_offsets();
+                let null_free = groups.arguments_free_of_nulls(scattered.chunks.iter().map(|c| &c.batch));
+                groups.use_window_offsets(null_free);
             }
             for chunk in &scattered.chunks {
                 let (a, b) = (chunk.starts[r], chunk.starts[r + 1]);
