@@ -5,7 +5,7 @@
 #
 # Usage on the device: benches/device-sparse.sh BIN OUT_DIR [PART] [ROWS] [PROCESSES]
 #   BIN: a `mphf` release binary built here, stripped and xz-compressed, carried over;
-#   PART: suite (default) | build | explain | tpch | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
+#   PART: suite (default) | build | explain | cpu | tpch | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
 #   PROCESSES: processes of the suite (default 3; the medians of each are kept apart).
 # DuckDB: wheels carried in .whl/ (see the device README) are installed into /tmp/site first;
 # without them the DuckDB step prints its skip notice.
@@ -58,6 +58,32 @@ if [ "$PART" = explain ] || [ "$PART" = all ]; then
     timeout 120 "$BIN" sql --table events="$DIR/events" --format csv -c "$q" -c "EXPLAIN ANALYZE $q" 2>&1 \
       | grep -o 'MphfAggregateExec.*' >> "$OUT/explain.txt"
   done
+fi
+
+if [ "$PART" = cpu ] || [ "$PART" = all ]; then
+  # User and system CPU of 20 runs of GROUP BY id over the Parquet files, with and without the
+  # extension and with mimalloc's purge delay at its default (10 ms) and at 1 s: the process
+  # with 21 runs less the one with 1 run, so the index load cancels. System time is mostly the
+  # kernel zeroing fresh pages.
+  DIR=/tmp/sparse-suite
+  [ -d "$DIR/events" ] || timeout 200 "$BIN" bench sparse --rows "$ROWS" --mode parquet --runs 1 --only "GROUP BY id" \
+    --parquet "$DIR" > "$OUT/explain_setup.md" 2>&1
+  # The groups are summed in the query, so that no time goes to printing 3 M rows.
+  Q="SELECT count(*), sum(n), sum(s) FROM (SELECT id, count(*) AS n, sum(amount) AS s FROM events GROUP BY id)"
+  for mode in mphf vanilla; do
+    flag=""; [ $mode = vanilla ] && flag=--no-mphf
+    for delay in 10 1000; do
+      for n in 1 21; do
+        args=(); for _ in $(seq 1 $n); do args+=(-c "$Q"); done
+        TIMEFORMAT="$mode purge_delay=$delay runs=$n: real %R user %U sys %S"
+        { time MIMALLOC_PURGE_DELAY=$delay timeout 120 "$BIN" sql $flag --table events="$DIR/events" --format csv \
+            "${args[@]}" > /dev/null 2> "$OUT/cpu_last.txt"; } 2>> "$OUT/cpu.txt"
+        [ $n = 21 ] && echo "$mode purge_delay=$delay per-query s: $(grep -o 'in [0-9.]* s' "$OUT/cpu_last.txt" \
+          | tail -20 | awk '{print $2}' | sort -n | tr '\n' ' ')" >> "$OUT/cpu.txt"
+      done
+    done
+  done
+  rm -f "$OUT/cpu_last.txt"
 fi
 
 if [ "$PART" = tpch ] || [ "$PART" = all ]; then

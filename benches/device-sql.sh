@@ -5,11 +5,31 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc > "$OUT/nproc.txt"
+
+if [ "$PART" = clustered ]; then
+  # Issue 19: the merge form of a clustered key (l_orderkey), BIN against BASE (a second binary),
+  # alternating: the TPC-H GROUP BYs over l_orderkey at SF 1 in two processes each, then at SF 10.
+  BASE=${4:?base binary}
+  for p in 1 2; do
+    for b in BASE BIN; do
+      log "$b: bench groupby SF 1, process $p"
+      timeout 100 "${!b}" bench groupby --scale 1 --runs 5 --markdown --only l_orderkey --only Q18 --only DISTINCT \
+        >> "$OUT/clustered_$b.md" 2>&1
+    done
+  done
+  for b in BASE BIN; do
+    log "$b: bench groupby SF 10"
+    timeout 150 "${!b}" bench groupby --scale 10 --runs 3 --markdown --only "GROUP BY l_orderkey" \
+      >> "$OUT/clustered_$b.md" 2>&1
+  done
+  log "done"
+  exit 0
+fi
 
 if [ "$PART" = sf1 ]; then
   log "bench join SF 1, 16 partitions"

@@ -568,7 +568,8 @@ async fn foreign_index_labels_name_no_index() {
 /// a key read by an aggregate too, slot keys, string keys, more partitions than ranges, and
 /// ranges with more rows than slots where a third of the slots get none (their groups are the
 /// slots' offsets, and the untouched slots are not emitted), and offsets over arguments that are
-/// not plain columns, NULL for every row of some slots; a clustered key keeps the partials form.
+/// not plain columns, NULL for every row of some slots; a clustered key keeps the partials form
+/// while their slot arrays fit the cache, and takes the range form beyond it.
 #[tokio::test]
 async fn unclustered_keys_merge_by_slot_range() {
     for partitions in [2, 3, 16] {
@@ -612,6 +613,12 @@ async fn unclustered_keys_merge_by_slot_range() {
         assert!(compare(&ctx, sql).await);
         let (_, plan) = run(&ctx, sql).await;
         assert!(operator_line(&plan).contains("form=partials"), "{plan}");
+        // Once the partials' slot arrays outgrow the cache (here a 64 KiB one), the model moves
+        // the clustered key's rows to the range form, with the same rows.
+        ctx.tune(|t| t.assign("cache_bytes", "65536").unwrap());
+        assert!(compare(&ctx, sql).await);
+        let (_, plan) = run(&ctx, sql).await;
+        assert!(operator_line(&plan).contains("form=ranges"), "{plan}");
     }
 }
 

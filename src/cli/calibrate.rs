@@ -321,7 +321,7 @@ pub async fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     }
     let text = format!(
         "# mphf calibrate --rows {} --keys {} --runs {}: one core's ns per row on {} ({} cores)\n\
-         # not measured (defaults): hash_probe_cached_ns, core_cache_bytes, slot_join_call_ns, slot_build_row_ns, slot_build_repeat_row_ns, slot_table_slot_ns, slot_probe_scattered_ns, slot_entry_ns, slot_entry_uncached_ns, slot_row_uncached_ns, cache_bytes, gpu_*\n{}",
+         # not measured (defaults): hash_probe_cached_ns, core_cache_bytes, slot_join_call_ns, slot_build_row_ns, slot_build_repeat_row_ns, slot_table_slot_ns, slot_probe_scattered_ns, slot_entry_ns, slot_entry_uncached_ns, slot_row_uncached_ns, slot_scatter_row_ns, cache_bytes, gpu_*\n{}",
         args.rows,
         args.keys,
         args.runs,

@@ -43,8 +43,10 @@
 //! - The SlotMerge form over an unclustered key with fewer than [`RANGES_BELOW_ROWS_PER_SLOT`]
 //!   estimated rows per slot and input partition runs in the range form (see
 //!   [`ranges`](super::ranges)), which keeps no per-partition slot arrays: its slot-entries
-//!   limit counts the slots once, not once per input partition. A partial admitted on that
-//!   count alone is put back when no final aggregate merges it.
+//!   limit counts the slots once, not once per input partition. Over a clustered key the cost
+//!   model chooses between the range form and the partials (`CostModel::range_aggregate_ns`
+//!   against `CostModel::slot_aggregate_ns`). A partial admitted on that count alone is put
+//!   back when no final aggregate merges it.
 //!
 //! - Several group expressions: one of them must be an indexed column on which all the others
 //!   depend (see [`lineage`](super::lineage)); the first such column is the key.
@@ -355,20 +357,27 @@ pub(crate) fn decide(
             arrays * slots as f64 <= rows * limit
         })
     };
-    let range_form =
-        merge && *agg.mode() == AggregateMode::Partial && takes_range_form(&handle, agg.input(), estimates);
     let lookup = lookup_of(&handle, key_is_slot, scan_slots.is_some() || reads_row_slots);
+    let model = &costing.model;
     // The GPU makes one call when the partials are merged, else one per input partition.
-    let slot_arrays = if range_form { 1 } else { partitions };
-    let shape = shape_of(
+    let partials = shape_of(
         agg,
         &handle,
         lookup,
         rows,
-        slot_arrays,
+        partitions,
         if merge { 1 } else { partitions },
     );
-    let model = &costing.model;
+    let range_form = merge
+        && *agg.mode() == AggregateMode::Partial
+        && takes_range_form(&handle, agg.input(), estimates, model, &partials);
+    let shape = match range_form {
+        true => AggregateShape {
+            slot_arrays: 1,
+            ..partials
+        },
+        false => partials,
+    };
     let hash_ns = model.hash_aggregate_ns(&shape);
     // Left per partition, a partial's groups are merged by DataFusion's final aggregation. Where
     // DataFusion's own partial would skip (its rows mostly distinct), vanilla's final takes
@@ -378,7 +387,10 @@ pub(crate) fn decide(
         true => model.final_aggregate_ns(&shape, model.partial_output_rows(&shape)),
         false => 0.0,
     };
-    let cpu_ns = model.slot_aggregate_ns(&shape) + if merge { 0.0 } else { unmerged_extra_ns };
+    let cpu_ns = match range_form {
+        true => model.range_aggregate_ns(&shape),
+        false => model.slot_aggregate_ns(&shape) + if merge { 0.0 } else { unmerged_extra_ns },
+    };
     // Priced as merged, a per-partition node whose partials would not pay unmerged is decided
     // again if no final aggregate takes it into a merged node (see `unmerged_redecided`).
     let unmerged_loses = merge && !range_form && costing.compare_costs && cpu_ns + unmerged_extra_ns > hash_ns;
@@ -558,20 +570,39 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
     Ok((plan, merged_any))
 }
 
-/// True when the partials of a key of `handle` over `input` are to be merged in the range form:
-/// the key is not clustered and the estimated input has fewer than
-/// [`RANGES_BELOW_ROWS_PER_SLOT`] rows per slot and input partition (every partial would then
-/// touch most slots at random, and merge work would grow with the partitions). The range form
-/// keeps its slots as u32, so the index has fewer than `u32::MAX` slots.
-fn takes_range_form(handle: &IndexHandle, input: &Arc<dyn ExecutionPlan>, estimates: &RowEstimator) -> bool {
-    let clustered = handle.info().rows_per_run.unwrap_or(0.0) >= CLUSTERED_ROWS_PER_RUN;
+/// True when the partials of a key of `handle` over `input` (priced as `partials`, one slot
+/// array per input partition) are to be merged in the range form. The range form keeps its
+/// slots as u32, so the index has fewer than `u32::MAX` slots. Then:
+/// - a key that is not clustered takes it when the estimated input has fewer than
+///   [`RANGES_BELOW_ROWS_PER_SLOT`] rows per slot and input partition (every partial would
+///   touch most slots at random, and merge work would grow with the partitions);
+/// - a clustered key takes it when the model prices it below the partials. Its partials touch
+///   disjoint slots, but each partition's slot arrays span the whole index: once they outgrow
+///   the cache, every run of equal keys costs a miss and every slot an uncached entry, while
+///   the range form pays a move per row and keeps one range in cache (TPC-H's l_orderkey, four
+///   rows a run; benches/RESULTS.md, session 33).
+fn takes_range_form(
+    handle: &IndexHandle,
+    input: &Arc<dyn ExecutionPlan>,
+    estimates: &RowEstimator,
+    model: &CostModel,
+    partials: &AggregateShape,
+) -> bool {
+    if handle.index().len() >= u64::from(u32::MAX) {
+        return false;
+    }
+    if handle.info().rows_per_run.unwrap_or(0.0) >= CLUSTERED_ROWS_PER_RUN {
+        let ranges = AggregateShape {
+            slot_arrays: 1,
+            ..partials.clone()
+        };
+        return model.range_aggregate_ns(&ranges) < model.slot_aggregate_ns(partials);
+    }
     let inputs = input.output_partitioning().partition_count().max(1) as f64;
     let slots = handle.index().len() as f64;
-    !clustered
-        && handle.index().len() < u64::from(u32::MAX)
-        && estimates
-            .rows(input)
-            .is_some_and(|rows| rows < RANGES_BELOW_ROWS_PER_SLOT * inputs * slots)
+    estimates
+        .rows(input)
+        .is_some_and(|rows| rows < RANGES_BELOW_ROWS_PER_SLOT * inputs * slots)
 }
 
 /// Rows per slot and input partition under which an unclustered key is merged in the range
@@ -579,9 +610,10 @@ fn takes_range_form(handle: &IndexHandle, input: &Arc<dyn ExecutionPlan>, estima
 pub const RANGES_BELOW_ROWS_PER_SLOT: f64 = 8.0;
 
 /// Rows per run of equal keys (in table order) from which a key counts as clustered for the
-/// choice of [`merge_form`]: the partials of a clustered key touch disjoint slots and stay small.
-/// A constant, not `Tuning::aggregate_min_rows_per_run`, so that sessions with costing off still
-/// take the range form where it applies.
+/// choice of the merge form: the partials of a clustered key touch disjoint slots, and the cost
+/// model decides whether their slot arrays cost more than the range form's moves. A constant,
+/// not `Tuning::aggregate_min_rows_per_run`, so that sessions with costing off still take the
+/// range form where it applies.
 const CLUSTERED_ROWS_PER_RUN: f64 = 2.0;
 
 /// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that

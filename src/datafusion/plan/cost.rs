@@ -12,8 +12,9 @@
 //! writes them in the text form that [`CostModel::parse`] reads (`name = value` lines, `#`
 //! comments), so a session can plan with its own machine's figures (`MphfContext::load_costs`).
 //!
-//! Invariant: a constant is used in exactly one formula below; rules never carry their own
-//! per-row figures.
+//! Invariant: a constant prices one piece of work, in every formula that does that work (the
+//! partials and the range form share the per-row aggregation figures); rules never carry their
+//! own per-row figures.
 
 use std::fmt;
 
@@ -120,6 +121,11 @@ pub struct CostModel {
     /// accumulators sit at a random place of arrays over every slot, where a hash-partitioned
     /// final aggregation holds only its partition's share of the groups.
     pub slot_row_uncached_ns: f64,
+    /// The range form's move of a row into its slot range (see `aggregate::ranges`), per input
+    /// row: its slot and argument values written once into a chunk of fresh memory and read
+    /// back when the range is aggregated. The range form pays it instead of the partials' slot
+    /// arrays over every slot.
+    pub slot_scatter_row_ns: f64,
     /// The last-level cache the slot arrays of all partitions compete for.
     pub cache_bytes: f64,
     /// A lookup that copies the scan's slot.
@@ -173,6 +179,7 @@ impl Default for CostModel {
             slot_entry_ns: 1.0,
             slot_entry_uncached_ns: 15.0,
             slot_row_uncached_ns: 40.0,
+            slot_scatter_row_ns: 6.0,
             cache_bytes: 32.0 * 1024.0 * 1024.0,
             lookup_copied_ns: 1.0,
             lookup_dense_ns: 2.0,
@@ -221,6 +228,7 @@ macro_rules! for_each_constant {
             slot_entry_ns,
             slot_entry_uncached_ns,
             slot_row_uncached_ns,
+            slot_scatter_row_ns,
             cache_bytes,
             lookup_copied_ns,
             lookup_dense_ns,
@@ -355,6 +363,17 @@ impl CostModel {
             + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run)
             + self.slot_row_uncached_ns * missed_share / shape.rows_per_run.max(1.0);
         (shape.rows * per_row + shape.slot_entries() * per_entry) / shape.threads()
+    }
+
+    /// Our aggregation of `shape` in the range form (see `aggregate::ranges`): the work per row
+    /// of [`slot_aggregate_ns`](Self::slot_aggregate_ns) with its slot arrays in cache (one
+    /// range's at a time), plus each row's move to its range; every slot is emitted once.
+    pub fn range_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
+        let per_row = self.slot_row_ns
+            + self.slot_value_ns * shape.values as f64
+            + self.lookup_per_row_ns(shape.lookup, shape.key, shape.rows_per_run)
+            + self.slot_scatter_row_ns;
+        (shape.rows * per_row + shape.slots * self.slot_entry_ns) / shape.threads()
     }
 
     /// Rows a per-partition partial aggregation of `shape` hands to the final aggregation:
@@ -729,6 +748,35 @@ mod tests {
             ..shape(6e6, 1.5e6, 4.0, 2)
         };
         assert!(model.slot_aggregate_ns(&two) < model.hash_aggregate_ns(&two));
+    }
+
+    /// The merge form of a clustered key (benches/RESULTS.md, session 33): GROUP BY l_orderkey
+    /// (four rows a run; 1.5 M slots at SF 1, 15 M at SF 10) takes the range form on 2 and on 16
+    /// partitions, where its partials' slot arrays outgrow the cache (on 2 cores at SF 1: 31–41
+    /// ms against 65–71 ms for count(*)); a clustered key of 10 K slots keeps the partials,
+    /// whose arrays stay in cache and need no move per row.
+    #[test]
+    fn clustered_keys_take_the_range_form_once_the_slot_arrays_outgrow_the_cache() {
+        let model = CostModel::default();
+        for partitions in [2, 16] {
+            let partials = |rows: f64, slots: f64, values: usize| AggregateShape {
+                partitions,
+                slot_arrays: partitions,
+                ..shape(rows, slots, 4.0, values)
+            };
+            let ranges_pay = |partials: &AggregateShape| {
+                let ranges = AggregateShape {
+                    slot_arrays: 1,
+                    ..partials.clone()
+                };
+                model.range_aggregate_ns(&ranges) < model.slot_aggregate_ns(partials)
+            };
+            for values in [0, 1] {
+                assert!(ranges_pay(&partials(6e6, 1.5e6, values)), "SF 1, P {partitions}");
+                assert!(ranges_pay(&partials(6e7, 1.5e7, values)), "SF 10, P {partitions}");
+                assert!(!ranges_pay(&partials(6e6, 1e4, values)), "10 K slots, P {partitions}");
+            }
+        }
     }
 
     fn join(build_rows: f64, probe_rows: f64, threads: usize, probe_rows_per_run: f64) -> JoinShape {
