@@ -263,6 +263,8 @@ impl RangeJob {
             MemoryConsumer::new(format!("MphfAggregateExec[range {partition}]")).register(context.memory_pool());
         let mut out = Vec::new();
         let slot_metrics = SlotMetrics::new(metrics, partition);
+        // Whether an aggregate argument can be NULL in any chunk: the same for every range.
+        let mut null_free = None;
         for r in self.ranges.of_partition(partition) {
             let slots = self.ranges.slots(r);
             let window = slots.len();
@@ -277,7 +279,8 @@ impl RangeJob {
             let rows: usize = scattered.chunks.iter().map(|c| c.starts[r + 1] - c.starts[r]).sum();
             if rows >= window {
                 // Most of the range's slots have rows: each row's group is its slot's offset.
-                let null_free = groups.arguments_free_of_nulls(scattered.chunks.iter().map(|c| &c.batch));
+                let null_free = *null_free
+                    .get_or_insert_with(|| groups.arguments_free_of_nulls(scattered.chunks.iter().map(|c| &c.batch)));
                 groups.use_window_offsets(null_free);
             }
             for chunk in &scattered.chunks {

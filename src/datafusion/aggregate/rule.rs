@@ -592,11 +592,7 @@ fn takes_range_form(
         return false;
     }
     if handle.info().rows_per_run.unwrap_or(0.0) >= CLUSTERED_ROWS_PER_RUN {
-        let ranges = AggregateShape {
-            slot_arrays: 1,
-            ..partials.clone()
-        };
-        return model.range_aggregate_ns(&ranges) < model.slot_aggregate_ns(partials);
+        return model.range_aggregate_ns(partials) < model.slot_aggregate_ns(partials);
     }
     let inputs = input.output_partitioning().partition_count().max(1) as f64;
     let slots = handle.index().len() as f64;
