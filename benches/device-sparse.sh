@@ -53,10 +53,11 @@ if [ "$PART" = explain ] || [ "$PART" = all ]; then
   DIR=/tmp/sparse-suite
   [ -d "$DIR/events" ] || timeout 200 "$BIN" bench sparse --rows "$ROWS" --mode parquet --runs 1 --only "GROUP BY id" \
     --parquet "$DIR" > "$OUT/explain_setup.md" 2>&1
-  for q in "SELECT id, count(*), sum(amount) FROM events GROUP BY id" "SELECT session, count(*) FROM events GROUP BY session"; do
+  for q in "SELECT id, count(*), sum(amount) FROM events GROUP BY id" "SELECT session, count(*) FROM events GROUP BY session" \
+    "SELECT category, count(*), sum(amount) FROM events JOIN dims ON events.id = dims.id GROUP BY category"; do
     log "EXPLAIN ANALYZE $q"
-    timeout 120 "$BIN" sql --table events="$DIR/events" --format csv -c "$q" -c "EXPLAIN ANALYZE $q" 2>&1 \
-      | grep -o 'MphfAggregateExec.*' >> "$OUT/explain.txt"
+    timeout 120 "$BIN" sql --table events="$DIR/events" --table dims="$DIR/dims" --format csv -c "$q" \
+      -c "EXPLAIN ANALYZE $q" 2>&1 | grep -o 'Mphf[A-Za-z]*Exec.*\|HashJoinExec.*\|AggregateExec.*' >> "$OUT/explain.txt"
   done
 fi
 

@@ -324,7 +324,7 @@ async fn build_side_from_a_join_is_declined() {
 /// with it (`MphfGroupJoinExec`): each build row's group is found once, and each matching pair
 /// adds to it. Rows equal vanilla's for every shape below, at 1, 2 and 4 partitions and with
 /// partitioned joins on 16; group columns from the probe side, a join that is not inner, or a
-/// build side with more rows than a probe partition keep the plain aggregate.
+/// build side with more rows than a probe partition and many groups keep the plain aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_joins_match_vanilla() {
     for (partitions, partitioned) in [(1, false), (2, false), (4, false), (16, true)] {
@@ -371,10 +371,18 @@ async fn group_joins_match_vanilla() {
                 "SELECT f.name, count(*), sum(e.v) FROM ev e JOIN fact f ON e.id = f.id GROUP BY f.name",
                 partitions <= 4,
             ),
-            // 8,001 build rows for 30,000 probe rows: fused only while a probe partition has more
+            // 8,001 build rows for 30,000 probe rows, one group per build row: fused only while a
+            // probe partition has more rows than the build side (its rows are grouped on one
+            // thread, in effect, while the probes wait)
+            (
+                "SELECT d.name, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.name",
+                partitions <= 2,
+            ),
+            // the same join with 7 groups: the build rows are grouped in chunks at once, and only
+            // the chunks' few groups are merged on one thread, so it is fused on every count
             (
                 "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id GROUP BY d.grp",
-                partitions <= 2,
+                true,
             ),
             // no build-side column to group by, or not an inner join
             (

@@ -13,7 +13,7 @@
 //! time: `execute` is its input's, and it keeps its input's properties, so no rule or
 //! requirement sees a difference.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -171,15 +171,21 @@ fn aggregate_reason(
     })
 }
 
-/// Why the join `join`, still DataFusion's, was declined (`None`: not a candidate).
-fn join_reason(join: &HashJoinExec, costing: &join_rule::Costing) -> Result<Option<Declined>> {
+/// Why the join `join`, still DataFusion's, was declined (`None`: not a candidate); `above` is
+/// the aggregate it feeds directly, if any (the rule prices a join with the aggregate it would
+/// run fused with).
+fn join_reason(
+    join: &HashJoinExec,
+    costing: &join_rule::Costing,
+    above: Option<&AggregateExec>,
+) -> Result<Option<Declined>> {
     if join_rule::indexed_key(join).is_none() {
         // Only the probe side indexed: the rule tried the swapped collect form.
         if !join_rule::swappable(join, costing) || !join_rule::probe_key_indexed(join) {
             return Ok(None);
         }
         return Ok(
-            match join_rule::candidates(&join_rule::swapped(join)?, join, costing, false)? {
+            match join_rule::candidates(&join_rule::swapped(join)?, join, costing, false, None)? {
                 Forms::Declined(d) => Some(Declined::new(format!("swapped: {}", d.reason), d.estimate)),
                 Forms::Some(..) => Some(Declined::new(
                     "swapped: the collect form breaks a distribution or ordering a node above requires".into(),
@@ -189,7 +195,7 @@ fn join_reason(join: &HashJoinExec, costing: &join_rule::Costing) -> Result<Opti
             },
         );
     }
-    Ok(match join_rule::candidates(join, join, costing, false)? {
+    Ok(match join_rule::candidates(join, join, costing, false, above)? {
         Forms::NotCandidate => None,
         Forms::Declined(declined) => Some(declined),
         Forms::Some(one, collect) => {
@@ -219,16 +225,25 @@ impl PhysicalOptimizerRule for MphfExplainRule {
         let original = Arc::clone(&plan);
         let estimates = RowEstimator::new();
         let mut annotated = HashSet::new();
+        // The aggregate that each join feeds directly, by the join's address.
+        let mut feeds: HashMap<usize, Arc<dyn ExecutionPlan>> = HashMap::new();
         let annotated_plan = plan
             .transform_down(|node| {
                 let address = Arc::as_ptr(&node) as *const () as usize;
                 if annotated.contains(&address) {
                     return Ok(Transformed::no(node));
                 }
+                if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+                    if agg.input().downcast_ref::<HashJoinExec>().is_some() {
+                        let input = Arc::as_ptr(agg.input()) as *const () as usize;
+                        feeds.insert(input, Arc::clone(&node));
+                    }
+                }
                 let declined = if let (Some(agg), Some(costing)) = (node.downcast_ref::<AggregateExec>(), &aggregates) {
                     aggregate_reason(agg, costing, &estimates)?
                 } else if let (Some(join), Some(costing)) = (node.downcast_ref::<HashJoinExec>(), &joins) {
-                    join_reason(join, costing)?
+                    let above = feeds.get(&address).and_then(|a| a.downcast_ref::<AggregateExec>());
+                    join_reason(join, costing, above)?
                 } else {
                     None
                 };

@@ -42,6 +42,7 @@ use super::rule::passes_rows;
 use super::MphfJoinExec;
 use crate::datafusion::aggregate::memory_slices;
 use crate::datafusion::registry::index_of_field;
+use crate::datafusion::slot_scan::SlotScanExec;
 use crate::datafusion::table::MphfRelabelExec;
 
 /// Pieces of a scan sampled per group column.
@@ -150,11 +151,17 @@ fn file_sample_key(leaf: &Arc<dyn ExecutionPlan>, col: usize) -> Option<String> 
 }
 
 /// The scan (a `DataSourceExec`) and its column that column `col` of `plan` reads, through
-/// projections (plain column references), filters, exchanges, sorts, limits, relabeling and the
-/// sides of inner joins.
+/// projections (plain column references), filters, exchanges, sorts, limits, relabeling,
+/// slot-map scans and the sides of inner joins.
 fn scan_column(plan: &Arc<dyn ExecutionPlan>, col: usize) -> Option<(Arc<dyn ExecutionPlan>, usize)> {
     if plan.downcast_ref::<DataSourceExec>().is_some() {
         return Some((Arc::clone(plan), col));
+    }
+    // A slot-map scan's columns are those of the scan it replaced, then the slots.
+    if let Some(s) = plan.downcast_ref::<SlotScanExec>() {
+        return (col < s.scan().schema().fields().len())
+            .then(|| scan_column(s.scan(), col))
+            .flatten();
     }
     if let Some(f) = plan.downcast_ref::<FilterExec>() {
         let input_col = match f.projection() {

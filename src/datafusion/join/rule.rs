@@ -22,7 +22,11 @@
 //! - **One for one**: otherwise the node keeps the join's mode, children and properties.
 //! - **Group join**: after the forms are chosen, a partial aggregate over an inner
 //!   [`MphfJoinExec`] that groups by build-side columns is fused with it into an
-//!   [`MphfGroupJoinExec`] (see `group_join`).
+//!   [`MphfGroupJoinExec`] (see `group_join`). A join that feeds such an aggregate directly
+//!   is priced with it (both forms, and DataFusion's plan with its aggregate): the fused
+//!   aggregate hashes no group value per pair. When that pricing declines the join, the join
+//!   is still priced alone below; taken alone, it is fused all the same, which only removes
+//!   work from the plan that was priced.
 //! - **Swapped**: when only the probe (right) side's key is indexed, the join is mirrored
 //!   (left ↔ right, join type swapped, a projection restores the column order) and run in the
 //!   collect form; like the collect form, it is kept only when the sanity check accepts it.
@@ -82,6 +86,7 @@ use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMer
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
 use super::group_count;
+use super::group_join::group_join_shape;
 use super::scan_slots::{with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
@@ -351,6 +356,7 @@ fn estimate_of(
     handle: &IndexHandle,
     key: usize,
     costing: &Costing,
+    above: Option<&AggregateExec>,
 ) -> Estimate {
     let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
@@ -384,6 +390,7 @@ fn estimate_of(
         hash_build_collected: builds_once(vanilla),
         build_keys_repeat: handle.index().stats().had_duplicates(),
         semi: is_semi_or_anti(join),
+        group_join: above.and_then(|agg| group_join_shape(agg, join, &costing.rows)),
     };
     Estimate {
         mphf_ns: model.slot_join_ns(&shape),
@@ -403,6 +410,7 @@ pub(crate) fn candidates(
     vanilla: &HashJoinExec,
     costing: &Costing,
     keep_probe_exchange: bool,
+    above: Option<&AggregateExec>,
 ) -> Result<Forms> {
     let Some((key, handle)) = indexed_key(join) else {
         return Ok(Forms::NotCandidate);
@@ -450,7 +458,7 @@ pub(crate) fn candidates(
         Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
     };
     let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
-        let estimate = estimate_of(&join, vanilla, &handle, key, costing);
+        let estimate = estimate_of(&join, vanilla, &handle, key, costing, above);
         (join, estimate)
     };
     let one = slotted(join.builder().build()?)?;
@@ -515,7 +523,7 @@ pub(crate) fn candidates(
     let collect = affordable(collect, "collect form");
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, costing));
+            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, costing, above));
             reasons.dedup();
             Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
         }
@@ -558,7 +566,7 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, join, costing, false)? else {
+    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, join, costing, false, None)? else {
         return Ok(None);
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
@@ -597,12 +605,19 @@ pub(crate) fn probe_key_indexed(join: &HashJoinExec) -> bool {
 /// Replaces eligible joins top-down, preferring the collect form when `collect`.
 fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_down(|node| {
-        if collect {
-            if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+        if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+            if collect {
                 if let Some(input) = rewrite_feeding(agg, agg.input(), costing)? {
                     return Ok(Transformed::yes(with_child(&node, input)?));
                 }
             }
+            // A join under an aggregate it would run fused with is priced with that aggregate.
+            if let Some(join) = agg.input().downcast_ref::<HashJoinExec>() {
+                if let Some(input) = chosen_form(candidates(join, join, costing, false, Some(agg))?, collect) {
+                    return Ok(Transformed::yes(with_child(&node, input)?));
+                }
+            }
+            return Ok(Transformed::no(node));
         }
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(Transformed::no(node));
@@ -612,13 +627,24 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
                 return Ok(Transformed::yes(exec));
             }
         }
-        Ok(match candidates(join, join, costing, false)? {
-            Forms::Some(_, Some(c)) if collect => Transformed::yes(Arc::new(c) as Arc<dyn ExecutionPlan>),
-            Forms::Some(Some(one), _) => Transformed::yes(Arc::new(one) as Arc<dyn ExecutionPlan>),
-            _ => Transformed::no(node),
-        })
+        Ok(
+            match chosen_form(candidates(join, join, costing, false, None)?, collect) {
+                Some(exec) => Transformed::yes(exec),
+                None => Transformed::no(node),
+            },
+        )
     })
     .data()
+}
+
+/// The form the rewrite takes of a join's `forms`: the collect form when `collect` allows it,
+/// else the one-for-one form; `None` when both were declined.
+fn chosen_form(forms: Forms, collect: bool) -> Option<Arc<dyn ExecutionPlan>> {
+    match forms {
+        Forms::Some(_, Some(c)) if collect => Some(Arc::new(c)),
+        Forms::Some(Some(one), _) => Some(Arc::new(one)),
+        _ => None,
+    }
 }
 
 /// `plan`, the input of the partial aggregate `agg`, with the `Partitioned` join it reads
@@ -660,7 +686,7 @@ fn rewrite_feeding(
     {
         return Ok(None);
     }
-    Ok(match candidates(join, join, costing, true)? {
+    Ok(match candidates(join, join, costing, true, None)? {
         Forms::Some(_, Some(c)) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
         _ => None,
     })

@@ -341,11 +341,7 @@ impl CostModel {
 
     /// DataFusion's hash aggregation of `shape`.
     pub fn hash_aggregate_ns(&self, shape: &AggregateShape) -> f64 {
-        let per_row = match shape.key {
-            KeyKind::Fixed => self.hash_aggregate_fixed_ns,
-            KeyKind::Bytes => self.hash_aggregate_bytes_ns,
-        };
-        shape.rows * (per_row + self.slot_value_ns * shape.values as f64) / shape.threads()
+        shape.rows * self.hash_aggregate_row_ns(shape.key, shape.values) / shape.threads()
     }
 
     /// Our aggregation of `shape` on the CPU.
@@ -440,7 +436,22 @@ impl CostModel {
             true => probe * self.hash_probe_semi_share,
             false => probe,
         };
-        build + shape.hash_probe_rows * probe / shape.threads()
+        let aggregate = match &shape.group_join {
+            // Each pair (one per probe row of a join on the build side's unique key) is hashed
+            // by its group columns in DataFusion's partial aggregate.
+            Some(g) => shape.probe_rows * self.hash_aggregate_row_ns(g.key, g.values) / shape.threads(),
+            None => 0.0,
+        };
+        build + shape.hash_probe_rows * probe / shape.threads() + aggregate
+    }
+
+    /// DataFusion's hash aggregation per input row, by group key kind and argument count.
+    fn hash_aggregate_row_ns(&self, key: KeyKind, values: usize) -> f64 {
+        let per_row = match key {
+            KeyKind::Fixed => self.hash_aggregate_fixed_ns,
+            KeyKind::Bytes => self.hash_aggregate_bytes_ns,
+        };
+        per_row + self.slot_value_ns * values as f64
     }
 
     /// Our join of `shape` on slots.
@@ -473,7 +484,18 @@ impl CostModel {
         let probe = self.slot_join_row_ns
             + self.lookup_per_row_ns(shape.probe_lookup, shape.key, shape.probe_rows_per_run)
             + self.slot_probe_scattered_ns / shape.probe_rows_per_run.max(1.0);
-        build + shape.probe_rows * probe / shape.threads()
+        let aggregate = match &shape.group_join {
+            // The build rows grouped on all cores, their chunks' groups merged on one; each
+            // pair then updates its build row's group.
+            Some(g) => {
+                let grouping = self.hash_aggregate_row_ns(g.key, 0);
+                shape.build_rows * grouping / shape.threads()
+                    + g.serial_rows * grouping
+                    + shape.probe_rows * (self.slot_row_ns + self.slot_value_ns * g.values as f64) / shape.threads()
+            }
+            None => 0.0,
+        };
+        build + shape.probe_rows * probe / shape.threads() + aggregate
     }
 }
 
@@ -586,6 +608,24 @@ pub struct JoinShape {
     /// A semi or anti join (DataFusion's probe gathers no pairs, see
     /// [`CostModel::hash_probe_semi_share`]).
     pub semi: bool,
+    /// The partial aggregate above the join, when ours runs fused with it (a group join):
+    /// both sides are then priced with it.
+    pub group_join: Option<GroupJoinShape>,
+}
+
+/// A partial aggregate above a join that groups by build-side columns, which our join runs
+/// fused with it (`MphfGroupJoinExec`): the group of each build row is found once, and each
+/// pair adds to its build row's group, where DataFusion copies the group columns into every
+/// output row of its join and hashes them again in its aggregate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupJoinShape {
+    /// The group columns' kind (bytes when one of them is not fixed-width).
+    pub key: KeyKind,
+    /// The aggregates' arguments.
+    pub values: usize,
+    /// Build rows grouped on one thread while the probes wait (the merge of the chunks' groups,
+    /// or every build row when the group count is unknown).
+    pub serial_rows: f64,
 }
 
 impl JoinShape {
@@ -791,6 +831,7 @@ mod tests {
             hash_build_collected: false,
             build_keys_repeat: false,
             semi: false,
+            group_join: None,
         }
     }
 
@@ -887,6 +928,40 @@ mod tests {
                 ..q12.clone()
             }),
             "the same join building all of orders (tables beyond the cache)"
+        );
+    }
+
+    /// The sparse suite's join then GROUP BY category on 16 partitions (10 M events, 1 M dims,
+    /// both sides with slot maps, 20 categories): alone, the collect form's build read once
+    /// loses to DataFusion's per-partition hash tables; with the partial aggregate above it
+    /// priced too, ours finds each build row's group once and adds each pair to it, where
+    /// DataFusion copies and hashes the category of every pair, and the group join wins. A
+    /// build side whose groups are all merged on one thread (one group per build row) pays
+    /// that pass while the probes wait.
+    #[test]
+    fn a_group_join_is_priced_with_its_aggregate() {
+        let model = CostModel::default();
+        let ours_pays = |shape: &JoinShape| model.slot_join_ns(shape) < model.hash_join_ns(shape);
+        let sparse = JoinShape {
+            build_lookup: Lookup::Copied,
+            probe_lookup: Lookup::Copied,
+            ..join(1e6, 1e7, 16, 1.0)
+        };
+        assert!(!ours_pays(&sparse), "the join alone");
+        let grouped = |key, serial_rows| JoinShape {
+            group_join: Some(GroupJoinShape {
+                key,
+                values: 2,
+                serial_rows,
+            }),
+            ..sparse.clone()
+        };
+        assert!(ours_pays(&grouped(KeyKind::Bytes, 320.0)), "GROUP BY category");
+        assert!(ours_pays(&grouped(KeyKind::Fixed, 320.0)), "GROUP BY an integer column");
+        let serial = |rows| model.slot_join_ns(&grouped(KeyKind::Bytes, rows));
+        assert!(
+            serial(1e6) - serial(320.0) > 2e8,
+            "every build row grouped on one thread"
         );
     }
 
