@@ -7,6 +7,8 @@
 #   BIN: a `mphf` release binary built here, stripped and xz-compressed, carried over;
 #   PART: suite (default) | build | explain | cpu | tpch | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
 #   PROCESSES: processes of the suite (default 3; the medians of each are kept apart).
+#   PART ab takes two more arguments, BASE (a second binary) and ONLY (`bench sparse --only`):
+#   both builds alternate over the same Parquet files, PROCESSES processes each.
 # DuckDB: wheels carried in .whl/ (see the device README) are installed into /tmp/site first;
 # without them the DuckDB step prints its skip notice.
 set -u
@@ -85,6 +87,22 @@ if [ "$PART" = cpu ] || [ "$PART" = all ]; then
     done
   done
   rm -f "$OUT/cpu_last.txt"
+fi
+
+if [ "$PART" = ab ]; then
+  # An A/B of two builds on the queries ONLY selects, in memory and over the same files.
+  BASE=${6:?base binary}
+  ONLY=${7:?bench sparse --only filter}
+  DIR=/tmp/sparse-suite
+  for p in $(seq 1 "$PROCS"); do
+    for build in base new; do
+      bin=$BIN; [ $build = base ] && bin=$BASE
+      log "bench sparse --only '$ONLY', $ROWS rows, $build, process $p"
+      timeout 200 "$bin" bench sparse --rows "$ROWS" --runs 5 --parquet "$DIR" --only "$ONLY" --markdown \
+        > "$OUT/ab_${build}_p$p.md" 2>&1
+      echo "exit $?" >> "$OUT/ab_${build}_p$p.md"
+    done
+  done
 fi
 
 if [ "$PART" = tpch ] || [ "$PART" = all ]; then

@@ -405,6 +405,60 @@ async fn group_joins_match_vanilla() {
     }
 }
 
+/// A group join whose probe key has its own index reads each probe row's group straight from
+/// the row's slot in that index (a table composed once per build side: translation, build row,
+/// group), instead of three dependent reads per pair. Rows equal vanilla's with probe keys that
+/// are NULL, missing from the build index, or whose build row a filter removed; an aggregate
+/// that reads a build column keeps the pairs of build and probe rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_join_reads_groups_by_the_probe_slot() {
+    for partitions in [1, 2, 4] {
+        let ctx = setup(partitions, false).await;
+        // String keys: an in-memory index keeps row slots for them.
+        ctx.sql("CREATE INDEX fact_name ON fact USING mphf (name)")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let by_slot = |text: &str| {
+            text.split("probe_rows_grouped_by_slot=")
+                .nth(1)
+                .and_then(|t| t.split([',', ']']).next())
+                .map(str::to_string)
+        };
+        // fact.name holds 9,500 names, 1,500 of them not in dim.
+        for (sql, expected) in [
+            (
+                "SELECT d.grp, count(*), sum(f.v) FROM fact f JOIN dim d ON f.name = d.name GROUP BY d.grp",
+                "30.00 K",
+            ),
+            (
+                "SELECT d.grp, count(*), max(f.fid) FROM fact f \
+                 JOIN (SELECT name, grp FROM dim WHERE grp < 4) d ON f.name = d.name GROUP BY d.grp",
+                "30.00 K",
+            ),
+            (
+                "SELECT d.grp, count(*), sum(d.id) FROM fact f JOIN dim d ON f.name = d.name GROUP BY d.grp",
+                "0",
+            ),
+        ] {
+            let plan = compare(&ctx, sql).await;
+            assert!(
+                plan.contains("MphfGroupJoinExec"),
+                "{partitions} partitions: {sql}\n{plan}"
+            );
+            let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
+            let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+            assert_eq!(
+                by_slot(&text).as_deref(),
+                Some(expected),
+                "{partitions} partitions: {sql}\n{text}"
+            );
+        }
+    }
+}
+
 /// Planning an indexed GROUP BY under `aggregate_device = 'auto'` prices the GPU without
 /// starting it: creating the CUDA context takes a large share of a second, which the first
 /// query of every process paid in its planning even when the node stayed on the CPU. (No test

@@ -63,6 +63,27 @@ impl SlotTranslation {
         self.table.capacity() * 4
     }
 
+    /// Slots of `from` in the translation.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether `from` has no slots.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// The translation followed by `then`, a map of `to`'s slots: entry `s` is
+    /// `then(slot of s in to)`, or [`u32::MAX`] when the key of `s` is not in `to`. Computed for
+    /// every slot of `from` at once, in parallel.
+    pub fn then_map(&self, then: impl Fn(u32) -> u32 + Sync) -> Vec<u32> {
+        self.table
+            .par_iter()
+            .with_min_len(CHUNK)
+            .map(|&t| if t == NONE { u32::MAX } else { then(t) })
+            .collect()
+    }
+
     /// Rewrites `slots` of `from` (or [`ABSENT`]) into slots of `to` (or [`ABSENT`]).
     ///
     /// # Errors
@@ -89,6 +110,30 @@ mod tests {
 
     use super::*;
     use crate::core::column::IndexOptions;
+
+    #[test]
+    fn a_map_after_the_translation_reads_each_translated_slot() {
+        let from: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+        let to: ArrayRef = Arc::new(StringArray::from(vec!["d", "b", "x"]));
+        let (from, to) = (
+            ColumnIndex::build(&[from], &IndexOptions::default()).unwrap(),
+            ColumnIndex::build(&[to], &IndexOptions::default()).unwrap(),
+        );
+        let t = SlotTranslation::build(&from, &to).unwrap().unwrap();
+        let mapped = t.then_map(|s| s + 100);
+        assert_eq!(mapped.len(), t.len());
+        for (s, &m) in mapped.iter().enumerate() {
+            let mut slots = vec![s as u64];
+            t.translate(&mut slots).unwrap();
+            let want = if slots[0] == ABSENT {
+                u32::MAX
+            } else {
+                slots[0] as u32 + 100
+            };
+            assert_eq!(m, want, "slot {s}");
+        }
+        assert_eq!(mapped.iter().filter(|&&m| m != u32::MAX).count(), 2);
+    }
 
     #[test]
     fn translated_slots_equal_the_target_lookup_of_each_row() {

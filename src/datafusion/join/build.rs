@@ -229,6 +229,14 @@ impl BuildSide {
         })
     }
 
+    /// The build row of each slot ([`NO_ROW`]: none), when no slot has two.
+    pub fn unique_rows(&self) -> Option<&[u32]> {
+        match &self.table {
+            SlotRows::Unique(rows) => Some(rows),
+            SlotRows::Multi { .. } => None,
+        }
+    }
+
     /// Number of build rows.
     pub fn rows(&self) -> usize {
         self.batch.num_rows()

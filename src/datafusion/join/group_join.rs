@@ -29,13 +29,23 @@
 //! The aggregate arguments and `FILTER` clauses may read either side: the columns they read are
 //! gathered for the matching pairs only.
 //!
+//! # Groups by probe slot
+//! When the probe key has its own index whose slots the probe rows carry (a slot-map scan, or
+//! an in-memory table's row slots) and is translated into the build index, each pair costs
+//! three dependent reads at random places: the translation, the slot table and the build row's
+//! group. Where nothing else needs the build row (one join key, no join filter, every argument
+//! and `FILTER` a probe column) and the probe side is estimated to have at least as many rows
+//! as the probe index has slots, the three are composed once per build side into one table,
+//! the group of every probe slot ([`SlotGroups`]), and a probe row's group is one read. A build
+//! side whose slots hold several rows, or with strays, keeps the pairs.
+//!
 //! # Invariants
 //! - The output is the replaced aggregate's: same schema (group columns, then each aggregate's
 //!   state columns, or its final value for a `Single` aggregate over one partition), one row per
 //!   group that at least one pair of this partition reached; a final aggregate above merges
-//!   partitions as before. Join semantics (residual
-//!   keys, the join filter, strays, NULL keys) are the join's own: pairs come from
-//!   [`Prober::pairs`](super::probe::Prober::pairs).
+//!   partitions as before. Join semantics (residual keys, the join filter, strays, NULL keys)
+//!   are the join's own: pairs come from [`Prober::pairs`](super::probe::Prober::pairs), or, by
+//!   probe slot, from the same translation and slot table composed.
 //! - Group ids are per build side: a re-execution, or a `Partitioned` join's per-partition build
 //!   sides, compute their own.
 
@@ -69,10 +79,13 @@ use ::datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 use rayon::prelude::*;
 
-use super::build::BuildSide;
+use super::build::{BuildSide, NO_ROW};
 use super::group_count::estimated_groups;
 use super::probe::Prober;
+use super::translate::probe_index;
 use super::MphfJoinExec;
+use crate::core::column::translate::SlotTranslation;
+use crate::core::column::ABSENT;
 use crate::datafusion::aggregate::{groups_accumulator, RowEstimator};
 use crate::datafusion::plan::cost::{GroupJoinShape, KeyKind};
 
@@ -118,8 +131,8 @@ impl BuildGroups {
             interner.intern(values, &mut ids)?;
             global_of.push(ids);
         }
-        if interner.len() > u32::MAX as usize {
-            return internal_err!("MphfGroupJoinExec: more than 2^32 groups");
+        if interner.len() >= NO_BUILD_ROW as usize {
+            return internal_err!("MphfGroupJoinExec: more than 2^32 - 2 groups");
         }
         let mut group_of = vec![0u32; rows];
         let mut parts: Vec<&mut [u32]> = Vec::with_capacity(chunks.len());
@@ -175,6 +188,9 @@ pub struct MphfGroupJoinExec {
     metrics: ExecutionPlanMetricsSet,
 }
 
+/// What was made for the build side that the weak reference names (the last one asked about).
+type PerBuildSide<T> = Mutex<Option<(Weak<BuildSide>, T)>>;
+
 /// The expressions of a group join over the pairs, and its group ids, shared by partitions.
 struct Fused {
     /// Build-batch columns of the group expressions, in order.
@@ -189,7 +205,15 @@ struct Fused {
     /// The compact batch's schema (every field nullable).
     read_schema: SchemaRef,
     /// The build side whose groups were computed last, with them.
-    groups: Mutex<Option<(Weak<BuildSide>, Arc<BuildGroups>)>>,
+    groups: PerBuildSide<Arc<BuildGroups>>,
+    /// Whether the probe may read each row's group straight from its slot in the probe key's
+    /// own index ([`SlotGroups`]): no other join key, no join filter, every aggregate argument
+    /// and filter a probe column, and the probe side estimated to have at least as many rows
+    /// as that index has slots (the table is made over all of them).
+    direct: bool,
+    /// The build side whose [`SlotGroups`] were made last, with them (`None`: not possible for
+    /// that build side).
+    slot_groups: PerBuildSide<Option<Arc<SlotGroups>>>,
 }
 
 impl fmt::Debug for MphfGroupJoinExec {
@@ -254,7 +278,13 @@ impl MphfGroupJoinExec {
         if !fusion_pays(agg, join.join(), estimates) {
             return Ok(None);
         }
-        Self::fuse(agg)
+        // The table of every probe slot's group pays when the probe rows outnumber its slots.
+        let probe_slots = probe_index(join.join(), join.key_pair()).map(|p| p.index.index().len() as f64);
+        let direct_pays = match (estimates.datafusion_rows(join.join().right()), probe_slots) {
+            (Some(rows), Some(slots)) => rows >= slots,
+            _ => false,
+        };
+        Self::fuse_with(agg, direct_pays)
     }
 
     /// The fused node for the partial aggregate `agg` over an eligible [`MphfJoinExec`],
@@ -264,6 +294,12 @@ impl MphfGroupJoinExec {
     /// # Errors
     /// Expression rewriting errors.
     pub(crate) fn fuse(agg: &Arc<AggregateExec>) -> Result<Option<Self>> {
+        Self::fuse_with(agg, false)
+    }
+
+    /// [`fuse`](Self::fuse), the probe reading groups by slot where the shape allows it when
+    /// `direct_pays` (see [`Fused::direct`]).
+    fn fuse_with(agg: &Arc<AggregateExec>, direct_pays: bool) -> Result<Option<Self>> {
         let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
             return Ok(None);
         };
@@ -295,6 +331,11 @@ impl MphfGroupJoinExec {
             Arc::clone(join.index()),
             join.key_pair(),
         ));
+        let hash_join = join.join();
+        let direct = direct_pays
+            && hash_join.on().len() == 1
+            && hash_join.filter().is_none()
+            && read.iter().all(|(_, c)| c.side == JoinSide::Right);
         let fused = Fused {
             group_columns,
             read: read.into_iter().map(|(_, c)| c).collect(),
@@ -302,6 +343,8 @@ impl MphfGroupJoinExec {
             filters,
             read_schema: Arc::new(Schema::new(fields)),
             groups: Mutex::new(None),
+            direct,
+            slot_groups: Mutex::new(None),
         };
         Ok(Some(Self {
             agg: Arc::clone(agg),
@@ -421,6 +464,72 @@ impl Fused {
         *guard = Some((Arc::downgrade(build), Arc::clone(&groups)));
         Ok(groups)
     }
+
+    /// The group of every slot of the probe key's own index for `prober`'s build side with its
+    /// `groups`, made once per build side; `None` when the join's shape or this build side does
+    /// not allow it (see [`Fused::direct`], [`SlotGroups`]).
+    fn slot_groups_of(
+        &self,
+        prober: &Prober,
+        groups: &BuildGroups,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> Result<Option<Arc<SlotGroups>>> {
+        let build = &prober.build;
+        if !self.direct || !build.strays.is_empty() {
+            return Ok(None);
+        }
+        let Some(rows) = build.unique_rows() else {
+            return Ok(None);
+        };
+        let mut guard = self.slot_groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((side, made)) = guard.as_ref() {
+            if side.upgrade().is_some_and(|s| Arc::ptr_eq(&s, build)) {
+                return Ok(made.clone());
+            }
+        }
+        let made = match prober.translation_table() {
+            Some(translation) => Some(Arc::new(SlotGroups::make(&translation, rows, &groups.group_of, pool)?)),
+            None => None,
+        };
+        *guard = Some((Arc::downgrade(build), made.clone()));
+        Ok(made)
+    }
+}
+
+/// [`SlotGroups::group_of_slot`] of a probe slot whose key is not in the build index.
+const NOT_IN_BUILD_INDEX: u32 = u32::MAX;
+/// [`SlotGroups::group_of_slot`] of a probe slot whose key is in the build index but has no
+/// build row (a filtered build side).
+const NO_BUILD_ROW: u32 = u32::MAX - 1;
+
+/// The build group of every slot of the probe key's own index: the translation into the build
+/// index, the build row of that slot and that row's group, composed once per build side.
+///
+/// Why: otherwise each pair costs three dependent reads at random places (the translation,
+/// the slot table, the build row's group), each in a table over millions of entries once the
+/// build side is large; this leaves one. Valid only while every build slot has at most one
+/// row and no build row is a stray (its key missing from the index), which
+/// [`Fused::slot_groups_of`] checks.
+struct SlotGroups {
+    /// Group of each probe slot, or [`NOT_IN_BUILD_INDEX`] / [`NO_BUILD_ROW`].
+    group_of_slot: Vec<u32>,
+    _reservation: MemoryReservation,
+}
+
+impl SlotGroups {
+    /// Composes `translation`, the build side's unique `rows` by slot and `group_of` by row.
+    fn make(translation: &SlotTranslation, rows: &[u32], group_of: &[u32], pool: &Arc<dyn MemoryPool>) -> Result<Self> {
+        let reservation = MemoryConsumer::new("MphfGroupJoinExec[slot groups]").register(pool);
+        reservation.try_grow(translation.len() * 4)?;
+        let group_of_slot = translation.then_map(|slot| match rows.get(slot as usize) {
+            Some(&row) if row != NO_ROW => group_of.get(row as usize).copied().unwrap_or(NO_BUILD_ROW),
+            _ => NO_BUILD_ROW,
+        });
+        Ok(Self {
+            group_of_slot,
+            _reservation: reservation,
+        })
+    }
 }
 
 /// One partition's accumulation.
@@ -435,42 +544,61 @@ struct GroupState {
     reached: Vec<u32>,
     /// This partition's group id per pair of the current batch.
     group_ids: Vec<usize>,
+    /// The group of each probe slot, when the probe reads groups by slot.
+    direct: Option<Arc<SlotGroups>>,
+    /// The current batch's probe slots (the direct path).
+    slots: Vec<u64>,
+}
+
+/// This partition's id of build group `g`, given one when `g` is reached first.
+fn reach(local_of: &mut [u32], reached: &mut Vec<u32>, g: u32) -> usize {
+    let mut local = local_of[g as usize];
+    if local == NOT_REACHED {
+        local = reached.len() as u32;
+        local_of[g as usize] = local;
+        reached.push(g);
+    }
+    local as usize
 }
 
 /// [`GroupState::local_of`] of a build group that no pair of the partition reached yet.
 const NOT_REACHED: u32 = u32::MAX;
 
 impl GroupState {
-    /// Adds the pairs of one probe batch.
-    fn update(&mut self, node: &Fused, prober: &Prober, batch: &RecordBatch) -> Result<()> {
-        let (b, p) = prober.pairs(batch)?;
-        if b.is_empty() {
-            return Ok(());
-        }
-        self.group_ids.clear();
-        for &row in &b {
-            let g = self.groups.group_of[row as usize] as usize;
-            let mut local = self.local_of[g];
-            if local == NOT_REACHED {
-                local = self.reached.len() as u32;
-                self.local_of[g] = local;
-                self.reached.push(g as u32);
+    /// Adds the pairs of one probe batch; true when their groups were read by slot.
+    fn update(&mut self, node: &Fused, prober: &Prober, batch: &RecordBatch) -> Result<bool> {
+        let (b, p) = match self.direct.clone() {
+            Some(direct) if prober.probe_slots(batch, &mut self.slots)? => (None, self.direct_pairs(&direct, prober)?),
+            _ => {
+                let (b, p) = prober.pairs(batch)?;
+                self.group_ids.clear();
+                for &row in &b {
+                    let g = self.groups.group_of[row as usize];
+                    self.group_ids.push(reach(&mut self.local_of, &mut self.reached, g));
+                }
+                (Some(UInt32Array::from(b)), p)
             }
-            self.group_ids.push(local as usize);
+        };
+        let by_slot = b.is_none();
+        if p.is_empty() {
+            return Ok(by_slot);
         }
         let identity = p.len() == batch.num_rows() && p.iter().enumerate().all(|(i, &r)| r as usize == i);
-        let (b, p) = (UInt32Array::from(b), UInt32Array::from(p));
+        let p = UInt32Array::from(p);
         let columns = node
             .read
             .iter()
             .map(|c| match c.side {
-                JoinSide::Left => Ok(take(prober.build.batch.column(c.index).as_ref(), &b, None)?),
+                JoinSide::Left => match &b {
+                    Some(b) => Ok(take(prober.build.batch.column(c.index).as_ref(), b, None)?),
+                    None => internal_err!("MphfGroupJoinExec: a build column read on the direct path"),
+                },
                 JoinSide::Right if identity => Ok(Arc::clone(batch.column(c.index))),
                 JoinSide::Right => Ok(take(batch.column(c.index).as_ref(), &p, None)?),
                 JoinSide::None => internal_err!("MphfGroupJoinExec: a column without a side"),
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
-        let options = RecordBatchOptions::new().with_row_count(Some(b.len()));
+        let options = RecordBatchOptions::new().with_row_count(Some(p.len()));
         let pairs = RecordBatch::try_new_with_options(Arc::clone(&node.read_schema), columns, &options)?;
         let total = self.reached.len();
         for ((acc, args), filter) in self.accumulators.iter_mut().zip(&node.args).zip(&node.filters) {
@@ -490,7 +618,37 @@ impl GroupState {
             };
             acc.update_batch(&values, &self.group_ids, filter.as_ref(), total)?;
         }
-        Ok(())
+        Ok(by_slot)
+    }
+
+    /// The probe rows of the current batch's slots (`self.slots`) that have a build row, in
+    /// order, with their groups' ids in `self.group_ids` (the direct path: no build row
+    /// numbers).
+    fn direct_pairs(&mut self, direct: &SlotGroups, prober: &Prober) -> Result<Vec<u32>> {
+        let _t = prober.metrics.join_time.timer();
+        let n = self.slots.len();
+        prober.metrics.probe_rows.add(n);
+        prober.metrics.probe_translated.add(n);
+        self.group_ids.clear();
+        let mut p = Vec::with_capacity(n);
+        let mut absent = 0;
+        for (i, &s) in self.slots.iter().enumerate() {
+            let g = match s {
+                ABSENT => NOT_IN_BUILD_INDEX,
+                s => match direct.group_of_slot.get(s as usize) {
+                    Some(&g) => g,
+                    None => return internal_err!("MphfGroupJoinExec: probe slot {s} outside its index"),
+                },
+            };
+            if g >= NO_BUILD_ROW {
+                absent += usize::from(g == NOT_IN_BUILD_INDEX);
+                continue;
+            }
+            self.group_ids.push(reach(&mut self.local_of, &mut self.reached, g));
+            p.push(i as u32);
+        }
+        prober.metrics.probe_absent.add(absent);
+        Ok(p)
     }
 
     /// The rows of the reached groups in the order they were reached (partial states, or final
@@ -628,6 +786,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
         let groups_time = MetricBuilder::new(&self.metrics).subset_time("build_groups_time", partition);
         let aggregation_time = MetricBuilder::new(&self.metrics).subset_time("aggregation_time", partition);
         let emitting_time = MetricBuilder::new(&self.metrics).subset_time("emitting_time", partition);
+        let by_slot_rows = MetricBuilder::new(&self.metrics).counter("probe_rows_grouped_by_slot", partition);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let out_schema = Arc::clone(&schema);
         let out = futures::stream::once(async move {
@@ -637,18 +796,26 @@ impl ExecutionPlan for MphfGroupJoinExec {
                 node.groups_of(&build, &pool)?
             };
             let prober = make_prober(build);
+            let direct = {
+                let _t = groups_time.timer();
+                node.slot_groups_of(&prober, &groups, &pool)?
+            };
             let mut state = GroupState {
                 local_of: vec![NOT_REACHED; groups.groups()],
                 reached: Vec::new(),
                 groups,
                 accumulators,
                 group_ids: Vec::new(),
+                direct,
+                slots: Vec::new(),
             };
             let mut probe_input = probe_input;
             while let Some(batch) = probe_input.next().await {
                 let batch = batch?;
                 let _t = aggregation_time.timer();
-                state.update(&node, &prober, &batch)?;
+                if state.update(&node, &prober, &batch)? {
+                    by_slot_rows.add(batch.num_rows());
+                }
                 let held = state.local_of.len() * 4 + state.accumulators.iter().map(|a| a.size()).sum::<usize>();
                 reservation.try_resize(held)?;
             }

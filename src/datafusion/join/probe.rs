@@ -28,6 +28,7 @@ use ::datafusion::physical_plan::metrics::{Count, Time};
 
 use super::build::SharedBuild;
 use super::translate::Translator;
+use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ABSENT;
 use crate::datafusion::compact_views::compact_views;
 use crate::datafusion::error::to_df;
@@ -113,6 +114,30 @@ impl Prober {
     pub fn probe(&self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
         let (b, p) = self.pairs(batch)?;
         self.emit_pairs(batch, b, p)
+    }
+
+    /// The probe batch's slots in the probe key's own index (into `out`), when a slot-map scan
+    /// or the index's row slots give every row's; false otherwise (and without a translation).
+    ///
+    /// # Errors
+    /// Evaluating the lookup column.
+    pub fn probe_slots(&self, batch: &RecordBatch, out: &mut Vec<u64>) -> Result<bool> {
+        let Some((t, _)) = &self.translation else {
+            return Ok(false);
+        };
+        let _t = self.metrics.lookup_time.timer();
+        if t.scan_slots(batch, out) {
+            return Ok(true);
+        }
+        let lookup = self.lookup_key.evaluate(batch)?.into_array(batch.num_rows())?;
+        Ok(t.probe_index().lookup_row_slots(lookup.as_ref(), out))
+    }
+
+    /// The translation of the probe key's own index into the build index, when the probe key
+    /// has one (see [`Prober::probe_slots`]).
+    pub fn translation_table(&self) -> Option<Arc<SlotTranslation>> {
+        let (t, pool) = self.translation.as_ref()?;
+        t.table(&self.index, pool, &self.metrics.translations_made)
     }
 
     /// The matching pairs of one probe batch: build rows `b[i]` with probe rows `p[i]`, after
