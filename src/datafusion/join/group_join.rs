@@ -289,10 +289,12 @@ impl MphfGroupJoinExec {
 
     /// The fused node for the partial aggregate `agg` over an eligible [`MphfJoinExec`],
     /// whatever the row counts (a plan decoded on a worker, fused on the coordinator); `None`
-    /// when the shapes do not allow it.
+    /// when the shapes do not allow it. Without row estimates, the probe never reads groups by
+    /// slot here (see [`Fused::direct`]).
     ///
     /// # Errors
     /// Expression rewriting errors.
+    #[cfg(feature = "distributed")]
     pub(crate) fn fuse(agg: &Arc<AggregateExec>) -> Result<Option<Self>> {
         Self::fuse_with(agg, false)
     }
