@@ -400,7 +400,7 @@ fn fusable_shape(agg: &AggregateExec, hash_join: &HashJoinExec) -> Option<(Vec<J
 /// side of `build_rows` rows with an estimated `groups` distinct groups (`None`: unknown), read
 /// by `threads` threads: the second pass over the chunks' values of [`BuildGroups::compute`]
 /// (each chunk holds at most every group), or every row when the groups are unknown.
-pub(crate) fn serial_group_rows(build_rows: f64, groups: Option<f64>, threads: usize) -> f64 {
+fn serial_group_rows(build_rows: f64, groups: Option<f64>, threads: usize) -> f64 {
     match groups {
         Some(g) => build_rows.min(g * threads.max(1) as f64),
         None => build_rows,
@@ -413,7 +413,7 @@ pub(crate) fn serial_group_rows(build_rows: f64, groups: Option<f64>, threads: u
 /// of the probe rows (`GROUP BY c_name` over `orders ⋈ customer` at SF 1 on 16 cores, 150 K
 /// build rows for 94 K probe rows per partition, ran at half vanilla's speed fused, when every
 /// build row was grouped on one thread). Unknown row counts do not forbid it.
-pub(crate) fn fusion_pays(agg: &AggregateExec, hash_join: &HashJoinExec, estimates: &RowEstimator) -> bool {
+fn fusion_pays(agg: &AggregateExec, hash_join: &HashJoinExec, estimates: &RowEstimator) -> bool {
     if fusable_shape(agg, hash_join).is_none() {
         return false;
     }
