@@ -15,7 +15,7 @@
 //!   `LIMIT`, no output ordering, no aggregate with an `ORDER BY` or `DISTINCT`;
 //! - every group expression a column of the join's build side;
 //! - the build rows grouped on one thread while the probe partitions wait no more than each
-//!   probe partition's rows ([`fusion_pays`]). The build rows are grouped in chunks at once,
+//!   probe partition's rows ([`fused_serial_rows`]). The build rows are grouped in chunks at once,
 //!   each chunk with its own `GroupValues`; the chunks' groups are then merged on one thread.
 //!   With few groups (`GROUP BY category`, 20 values) that merge is a few hundred rows; with a
 //!   group per build row (`GROUP BY c_name`) it is every build row again, and at SF 1 on 16
@@ -266,7 +266,7 @@ impl MphfGroupJoinExec {
     }
 
     /// The fused node for the partial aggregate `agg` when it reads an eligible
-    /// [`MphfJoinExec`] and fusing pays (see [`fusion_pays`]), `None` otherwise. `estimates`
+    /// [`MphfJoinExec`] and fusing pays (see [`fused_serial_rows`]), `None` otherwise. `estimates`
     /// are the row estimates of the optimizer pass asking.
     ///
     /// # Errors
@@ -275,7 +275,7 @@ impl MphfGroupJoinExec {
         let Some(join) = agg.input().downcast_ref::<MphfJoinExec>() else {
             return Ok(None);
         };
-        if !fusion_pays(agg, join.join(), estimates) {
+        if fused_serial_rows(agg, join.join(), estimates).is_none() {
             return Ok(None);
         }
         // The table of every probe slot's group pays when the probe rows outnumber its slots.
@@ -407,48 +407,42 @@ fn serial_group_rows(build_rows: f64, groups: Option<f64>, threads: usize) -> f6
     }
 }
 
-/// Whether the partial aggregate `agg` over `hash_join` (the join an [`MphfJoinExec`] runs, or
-/// would run) may be fused with it: the shape allows it, and the build rows whose groups are
-/// found on one thread (see [`serial_group_rows`]) are no more than one probe partition's share
-/// of the probe rows (`GROUP BY c_name` over `orders ⋈ customer` at SF 1 on 16 cores, 150 K
-/// build rows for 94 K probe rows per partition, ran at half vanilla's speed fused, when every
-/// build row was grouped on one thread). Unknown row counts do not forbid it.
-fn fusion_pays(agg: &AggregateExec, hash_join: &HashJoinExec, estimates: &RowEstimator) -> bool {
-    if fusable_shape(agg, hash_join).is_none() {
-        return false;
-    }
+/// The build rows grouped on one thread (see [`serial_group_rows`]) when the partial aggregate
+/// `agg` over `hash_join` (the join an [`MphfJoinExec`] runs, or would run) may be fused with
+/// it; `None` when it may not. It may when the shape allows it and those rows are no more than
+/// one probe partition's share of the probe rows (`GROUP BY c_name` over `orders ⋈ customer` at
+/// SF 1 on 16 cores, 150 K build rows for 94 K probe rows per partition, ran at half vanilla's
+/// speed fused, when every build row was grouped on one thread). Unknown row counts do not
+/// forbid it (an unknown build side counts as no rows).
+fn fused_serial_rows(agg: &AggregateExec, hash_join: &HashJoinExec, estimates: &RowEstimator) -> Option<f64> {
+    fusable_shape(agg, hash_join)?;
     let partitions = hash_join.right().output_partitioning().partition_count().max(1);
-    let (Some(build), Some(probe)) = (
-        estimates.datafusion_rows(hash_join.left()),
-        estimates.datafusion_rows(hash_join.right()),
-    ) else {
-        return true;
-    };
-    let serial = serial_group_rows(build, estimated_groups(agg), partitions);
-    serial * partitions as f64 <= probe
+    let build = estimates.datafusion_rows(hash_join.left());
+    let probe = estimates.datafusion_rows(hash_join.right());
+    let serial = serial_group_rows(build.unwrap_or(0.0), estimated_groups(agg), partitions);
+    match (build, probe) {
+        (Some(_), Some(probe)) if serial * partitions as f64 > probe => None,
+        _ => Some(serial),
+    }
 }
 
 /// The group join `agg` over `hash_join` makes, for the cost model, when they would be fused
-/// (see [`fusion_pays`]); `None` otherwise.
+/// (see [`fused_serial_rows`]); `None` otherwise.
 pub(crate) fn group_join_shape(
     agg: &AggregateExec,
     hash_join: &HashJoinExec,
     estimates: &RowEstimator,
 ) -> Option<GroupJoinShape> {
-    if !fusion_pays(agg, hash_join, estimates) {
-        return None;
-    }
+    let serial_rows = fused_serial_rows(agg, hash_join, estimates)?;
     let input = agg.input_schema();
     let fixed = agg.group_expr().expr().iter().all(|(e, _)| {
         e.data_type(&input)
             .is_ok_and(|t| t.is_primitive() || t == DataType::Boolean)
     });
-    let build = estimates.datafusion_rows(hash_join.left()).unwrap_or(0.0);
-    let partitions = hash_join.right().output_partitioning().partition_count();
     Some(GroupJoinShape {
         key: if fixed { KeyKind::Fixed } else { KeyKind::Bytes },
         values: agg.aggr_expr().iter().map(|a| a.expressions().len()).sum(),
-        serial_rows: serial_group_rows(build, estimated_groups(agg), partitions),
+        serial_rows,
     })
 }
 

@@ -126,11 +126,8 @@ impl Prober {
             return Ok(false);
         };
         let _t = self.metrics.lookup_time.timer();
-        if t.scan_slots(batch, out) {
-            return Ok(true);
-        }
         let lookup = self.lookup_key.evaluate(batch)?.into_array(batch.num_rows())?;
-        Ok(t.probe_index().lookup_row_slots(lookup.as_ref(), out))
+        Ok(t.own_slots(batch, lookup.as_ref(), out))
     }
 
     /// The translation of the probe key's own index into the build index, when the probe key
@@ -154,10 +151,7 @@ impl Prober {
             let _t = self.metrics.lookup_time.timer();
             let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
             let translated = match &self.translation {
-                Some((t, pool))
-                    if t.scan_slots(batch, &mut slots)
-                        || t.probe_index().lookup_row_slots(lookup.as_ref(), &mut slots) =>
-                {
+                Some((t, pool)) if t.own_slots(batch, lookup.as_ref(), &mut slots) => {
                     match t.table(&self.index, pool, &self.metrics.translations_made) {
                         Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
                         None => false,

@@ -15,7 +15,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use ::datafusion::arrow::array::RecordBatch;
+use ::datafusion::arrow::array::{Array, RecordBatch};
 use ::datafusion::execution::memory_pool::MemoryPool;
 use ::datafusion::physical_expr::expressions::{CastExpr, Column};
 use ::datafusion::physical_expr::PhysicalExprRef;
@@ -112,6 +112,13 @@ impl Translator {
             .scan_slots
             .and_then(|c| batch.columns().get(c))
             .is_some_and(|c| scan_slots_of(c, out))
+    }
+
+    /// The probe batch's slots in the probe index (into `out`): from the slot-map scan's
+    /// column, else from the row slots when `lookup` (the probe lookup column's array) is one
+    /// of that table's arrays; false when neither gives every row's.
+    pub(crate) fn own_slots(&self, batch: &RecordBatch, lookup: &dyn Array, out: &mut Vec<u64>) -> bool {
+        self.scan_slots(batch, out) || self.probe_index().lookup_row_slots(lookup, out)
     }
 
     /// The probe column's index.
