@@ -301,6 +301,7 @@ async fn explain_analyze_shows_build_and_lookup_metrics() {
         "build_csr_layout=1",
         "lookup_time",
         "probe_rows=60.00 K",
+        "probe_rows_read_ahead",
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }

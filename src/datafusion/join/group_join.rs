@@ -766,6 +766,7 @@ impl ExecutionPlan for MphfGroupJoinExec {
         let build = self.join.build_for(partition, &context)?;
         let probe_input = self.join.join().right().execute(partition, Arc::clone(&context))?;
         let make_prober = self.join.prober_for(partition, &context);
+        let read_ahead = self.join.read_ahead_for(partition, &context);
         let accumulators = self
             .agg
             .aggr_expr()
@@ -786,7 +787,8 @@ impl ExecutionPlan for MphfGroupJoinExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let out_schema = Arc::clone(&schema);
         let out = futures::stream::once(async move {
-            let build = build.await.map_err(DataFusionError::Shared)?;
+            let (build, probe_input) = read_ahead.await_build(build, probe_input).await;
+            let build = build.map_err(DataFusionError::Shared)?;
             let groups = {
                 let _t = groups_time.timer();
                 node.groups_of(&build, &pool)?

@@ -11,7 +11,8 @@
 //!   output partitioning, input requirements and probe-order guarantees, so nothing around it
 //!   changes. Execution follows the replaced join's mode:
 //!   - `CollectLeft`: the single build partition is collected once into a [`BuildSide`] shared
-//!     by every probe partition (one slot table for the whole join).
+//!     by every probe partition (one slot table for the whole join). Meanwhile each probe
+//!     partition reads its input ahead ([`read_ahead`]).
 //!   - `Partitioned`: each output partition builds from its own build partition (a slot table
 //!     per partition; co-partitioning guarantees a probe key meets only its own partition).
 //! - The slot table is [`SlotRows::Unique`] (one row per slot) while the key is unique on the
@@ -32,6 +33,7 @@ pub mod build;
 mod group_count;
 pub mod group_join;
 pub mod probe;
+mod read_ahead;
 pub mod rule;
 mod scan_slots;
 mod translate;
@@ -61,6 +63,7 @@ use futures::{StreamExt, TryStreamExt};
 pub use build::{BuildSide, SharedBuild, SlotRows};
 pub use group_join::MphfGroupJoinExec;
 use probe::{ProbeMetrics, Prober};
+use read_ahead::{ReadAhead, READ_AHEAD_BYTES};
 pub use rule::MphfJoinRule;
 
 use crate::datafusion::once::OncePerExecution;
@@ -291,6 +294,20 @@ impl MphfJoinExec {
             .get_or_start(context, probes, || self.build_future(0, probes, context))?;
         Ok(build.boxed())
     }
+
+    /// How `partition` reads its probe input while the build side is collected: ahead, up to
+    /// [`READ_AHEAD_BYTES`], in the collect form, where the build runs in a task of its own;
+    /// not at all otherwise (see [`read_ahead`]).
+    pub(super) fn read_ahead_for(&self, partition: usize, context: &Arc<TaskContext>) -> ReadAhead {
+        let limit = match self.join.partition_mode() {
+            PartitionMode::CollectLeft => READ_AHEAD_BYTES,
+            _ => 0,
+        };
+        let reservation =
+            MemoryConsumer::new(format!("MphfJoinExec[read-ahead {partition}]")).register(context.memory_pool());
+        let rows = MetricBuilder::new(&self.metrics).counter("probe_rows_read_ahead", partition);
+        ReadAhead::new(limit, reservation, rows)
+    }
 }
 
 impl DisplayAs for MphfJoinExec {
@@ -390,9 +407,11 @@ impl ExecutionPlan for MphfJoinExec {
         let build = self.build_for(partition, &context)?;
         let probe_input = self.join.right().execute(partition, Arc::clone(&context))?;
         let prober = self.prober_for(partition, &context);
+        let read_ahead = self.read_ahead_for(partition, &context);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let out = futures::stream::once(async move {
-            let build = build.await.map_err(DataFusionError::Shared)?;
+            let (build, probe_input) = read_ahead.await_build(build, probe_input).await;
+            let build = build.map_err(DataFusionError::Shared)?;
             let prober = Arc::new(prober(build));
             let last = Arc::clone(&prober);
             let joined = probe_input
