@@ -46,7 +46,8 @@ use parquet::file::properties::WriterProperties;
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
-use super::demo::{mphf_operators, purge_freed_memory_at_once, rows_of};
+use super::allocator::purge_freed_memory_at_once;
+use super::demo::{mphf_operators, rows_of};
 use super::timing::time_both;
 use crate::core::hash::mix64;
 use crate::datafusion::MphfContext;

@@ -20,8 +20,9 @@ use ::datafusion::dataframe::DataFrame;
 use anyhow::{bail, Result};
 use clap::Args;
 
+use super::allocator::purge_freed_memory_at_once;
 use super::bench_planning::mphf_nodes;
-use super::demo::{apply_settings, purge_freed_memory_at_once, tpch_sessions, LARGE_SCALE};
+use super::demo::{apply_settings, tpch_sessions, LARGE_SCALE};
 use super::difftest::cells::Rows;
 use super::difftest::tpch_suite;
 use super::timing::time_both;

@@ -24,6 +24,7 @@ use ::datafusion::prelude::{SessionConfig, SessionContext};
 use anyhow::{bail, Result};
 use clap::Args;
 
+use super::allocator::purge_freed_memory_at_once;
 use super::timing::time_both;
 use crate::datafusion::tpch::generate;
 use crate::datafusion::MphfContext;
@@ -244,21 +245,10 @@ async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
     Ok(if paths.is_empty() { "-".into() } else { paths.join(",") })
 }
 
-/// Scale factor from which the binary's allocator returns freed memory at once.
+/// Scale factor from which the binary's allocator returns freed memory at once (see
+/// [`allocator`](super::allocator)): SF 10 in memory ran out of the 24 GiB machine's memory
+/// with freed memory kept 10 ms, and not without it.
 pub(super) const LARGE_SCALE: f64 = 5.0;
-
-/// Makes mimalloc (the `mphf` binary's allocator) return freed memory to the OS at once instead
-/// of after 10 ms. Measured on the 24 GiB machine: SF 10 in memory ran out of memory with the
-/// delay and not without it, while at SF 1 the delay keeps GROUP BY l_orderkey at 100–110 ms
-/// instead of 170–190 ms (benches/RESULTS.md, session 4).
-pub(super) fn purge_freed_memory_at_once() {
-    // mimalloc's `mi_option_purge_delay` (15) is the option just before `mi_option_use_numa_nodes`
-    // in mimalloc.h's `mi_option_e`, in its v2 and v3 headers; the -sys crate does not name it.
-    let purge_delay = libmimalloc_sys::mi_option_use_numa_nodes - 1;
-    // SAFETY: `mi_option_set` stores an integer option; allocations do not depend on its old
-    // value, and it is harmless when mimalloc is not the global allocator.
-    unsafe { libmimalloc_sys::mi_option_set(purge_delay, 0) };
-}
 
 /// An MPHF session and a vanilla session with `partitions` target partitions (default: the
 /// available cores; returned third), both reading the same in-memory TPC-H `tables` at scale

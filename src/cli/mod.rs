@@ -5,6 +5,7 @@
 //! them, and [`Command`] is the one place a new subcommand is added. Errors are [`CliError`]
 //! (thiserror); `anyhow` appears only in `src/bin/mphf.rs`.
 
+mod allocator;
 pub mod bench_build;
 pub mod bench_planning;
 pub mod bench_slots;
@@ -95,11 +96,13 @@ pub enum BenchCommand {
     Tpch(bench_tpch::BenchTpchArgs),
 }
 
-/// Runs a parsed command line.
+/// Runs a parsed command line, after setting how long the allocator keeps freed memory
+/// ([`allocator`]).
 ///
 /// # Errors
 /// The subcommand's [`CliError`].
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    allocator::keep_freed_memory_where_it_fits();
     match cli.command {
         Command::Build(args) => build::run(&args),
         Command::Inspect(args) => inspect::run(&args),
