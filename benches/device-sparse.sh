@@ -5,10 +5,12 @@
 #
 # Usage on the device: benches/device-sparse.sh BIN OUT_DIR [PART] [ROWS] [PROCESSES]
 #   BIN: a `mphf` release binary built here, stripped and xz-compressed, carried over;
-#   PART: suite (default) | build | explain | cpu | tpch | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
+#   PART: suite (default) | build | explain | cpu | tpch | ab | purge | all; ROWS: rows of the suite (default 30 M, ids = rows / 10);
 #   PROCESSES: processes of the suite (default 3; the medians of each are kept apart).
 #   PART ab takes two more arguments, BASE (a second binary) and ONLY (`bench sparse --only`):
-#   both builds alternate over the same Parquet files, PROCESSES processes each.
+#   both builds alternate over the same Parquet files, PROCESSES processes each (all in ab.md).
+#   PART purge takes ONLY as its sixth argument: BIN with mimalloc's purge delay at 10 ms and at
+#   1 s, alternating the same way (all in purge.md).
 # DuckDB: wheels carried in .whl/ (see the device README) are installed into /tmp/site first;
 # without them the DuckDB step prints its skip notice.
 set -u
@@ -98,9 +100,26 @@ if [ "$PART" = ab ]; then
     for build in base new; do
       bin=$BIN; [ $build = base ] && bin=$BASE
       log "bench sparse --only '$ONLY', $ROWS rows, $build, process $p"
+      echo "### $build, process $p" >> "$OUT/ab.md"
       timeout 200 "$bin" bench sparse --rows "$ROWS" --runs 5 --parquet "$DIR" --only "$ONLY" --markdown \
-        > "$OUT/ab_${build}_p$p.md" 2>&1
-      echo "exit $?" >> "$OUT/ab_${build}_p$p.md"
+        >> "$OUT/ab.md" 2>&1
+      echo "exit $?" >> "$OUT/ab.md"
+    done
+  done
+fi
+
+if [ "$PART" = purge ]; then
+  # One build with mimalloc's purge delay at its default (10 ms) and at 1 s, alternating over
+  # the same Parquet files, PROCESSES processes each, on the queries ONLY selects.
+  ONLY=${6:?bench sparse --only filter}
+  DIR=/tmp/sparse-suite
+  for p in $(seq 1 "$PROCS"); do
+    for delay in 10 1000; do
+      log "bench sparse --only '$ONLY', $ROWS rows, purge delay $delay ms, process $p"
+      echo "### purge delay $delay ms, process $p" >> "$OUT/purge.md"
+      MIMALLOC_PURGE_DELAY=$delay timeout 200 "$BIN" bench sparse --rows "$ROWS" --runs 5 --parquet "$DIR" \
+        --only "$ONLY" --markdown >> "$OUT/purge.md" 2>&1
+      echo "exit $?" >> "$OUT/purge.md"
     done
   done
 fi
