@@ -36,9 +36,8 @@ use ::datafusion::physical_plan::metrics::Count;
 use futures::future::{self, BoxFuture, Either};
 use futures::{Stream, StreamExt};
 
-/// The most bytes of probe batches one partition holds while it waits for the build side. With
-/// 16 partitions that is at most 512 MiB, about what DataFusion's repartitions hold in flight
-/// for a probe side of that many partitions.
+/// The most bytes of probe batches one partition holds while it waits for the build side (with
+/// 16 partitions at most 512 MiB, all of it reserved in the memory pool).
 pub const READ_AHEAD_BYTES: usize = 32 << 20;
 
 /// One probe partition's reading ahead: how much it may hold, its reservation, and the rows
