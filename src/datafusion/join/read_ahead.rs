@@ -154,6 +154,11 @@ mod tests {
 
     use super::*;
 
+    /// The one-column schema of every test batch.
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]))
+    }
+
     fn batch(schema: &SchemaRef, first: i64) -> RecordBatch {
         let values = Int64Array::from_iter_values(first..first + 100);
         RecordBatch::try_new(Arc::clone(schema), vec![Arc::new(values)]).unwrap()
@@ -209,7 +214,7 @@ mod tests {
     }
 
     async fn run(items: Vec<Result<RecordBatch>>, limit: usize, pool_bytes: usize, after: usize, polls: usize) -> Run {
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let schema = schema();
         let handed = Arc::new(AtomicUsize::new(0));
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(pool_bytes));
         let rows = Count::new();
@@ -237,7 +242,7 @@ mod tests {
     }
 
     fn batches(count: i64) -> Vec<Result<RecordBatch>> {
-        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let schema = schema();
         (0..count).map(|i| Ok(batch(&schema, i * 100))).collect()
     }
 
@@ -268,7 +273,7 @@ mod tests {
 
     #[tokio::test]
     async fn stops_reading_when_the_pool_refuses_more() {
-        let one = batch(&Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)])), 0);
+        let one = batch(&schema(), 0);
         let pool_bytes = one.get_array_memory_size() * 2 + 1;
         let run = run(batches(10), READ_AHEAD_BYTES, pool_bytes, usize::MAX, 20).await;
         assert_eq!(
