@@ -13,7 +13,7 @@
 //!
 //! The GROUP BY and JOIN files ([`CLUSTER_FILES`]) run a second time on an in-memory cluster of
 //! two datafusion-distributed workers (with the `distributed` feature): the rules then plan for
-//! stages (no slot-range merge, no collect-form join, no slot-map scans), and the rows must
+//! stages (no slot-range merge, no collect-form join; slot-map scans split over tasks), and the rows must
 //! still match the expected blocks and vanilla DataFusion.
 //!
 //! Usage: `cargo test --test sqllogictests [-- [--complete] [FILTER...]]`. `--complete` rewrites

@@ -10,13 +10,14 @@ use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
 use datafusion::execution::SessionStateBuilder;
-use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan, ExecutionPlanProperties};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use datafusion_distributed::{display_plan_ascii, DistributedExt};
+use datafusion_distributed::{display_plan_ascii, DistributedExt, DistributedLeafExec};
 use datafusion_mphf::datafusion::aggregate::MphfMergedAggregateExec;
 use datafusion_mphf::datafusion::distributed::{InMemoryCluster, IndexRef, MphfCodec, WorkerIndexes};
 use datafusion_mphf::datafusion::explain::MphfDeclinedExec;
 use datafusion_mphf::datafusion::plan::Declined;
+use datafusion_mphf::datafusion::slot_scan::SlotScanExec;
 use datafusion_mphf::datafusion::tpch;
 use datafusion_mphf::datafusion::MphfContext;
 use datafusion_proto::bytes::{
@@ -661,4 +662,237 @@ async fn the_build_functions_refuse_bad_arguments_with_clear_errors() {
         .await,
         "Error during planning: mphf_build_part: argument 4 must be a constant"
     );
+}
+
+/// The first node of `plan` (depth first) that is a `T`.
+fn find<T: ExecutionPlan + 'static>(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.is::<T>() {
+        return Some(Arc::clone(plan));
+    }
+    plan.children().into_iter().find_map(find::<T>)
+}
+
+/// Sparse unclustered keys as four Parquet files of ten row groups each under `dir/name/`
+/// (written once), registered in `ctx` with an index (and its slot maps) on `k`.
+async fn sparse_parquet(ctx: &MphfContext, dir: &Path, name: &str) {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1_000))
+        .build();
+    let source = MphfContext::new();
+    for part in (0..4).filter(|part| !folder.join(format!("part-{part}.parquet")).exists()) {
+        let sql = format!(
+            "SELECT (v * 2654435761) % 1000000007 * 1000 AS k, v % 97 AS x, CAST(v AS DOUBLE) AS amount \
+             FROM generate_series({}, {}) AS t(v)",
+            part * 10_000 + 1,
+            part * 10_000 + 10_000
+        );
+        let batches = source.sql(&sql).await.unwrap().collect().await.unwrap();
+        let file = std::fs::File::create(folder.join(format!("part-{part}.parquet"))).unwrap();
+        let mut w = ArrowWriter::try_new(file, batches[0].schema(), Some(props.clone())).unwrap();
+        for b in &batches {
+            w.write(b).unwrap();
+        }
+        w.close().unwrap();
+    }
+    ctx.register_parquet(name, &folder.display().to_string()).await.unwrap();
+    ctx.sql(&format!("CREATE INDEX IF NOT EXISTS {name}_k ON {name} USING mphf (k)"))
+        .await
+        .unwrap();
+    ctx.sql("SET mphf.costing = 'always'")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_scan_split_over_tasks_reads_every_row_once_with_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = MphfContext::with_config(SessionConfig::new().with_target_partitions(2));
+    sparse_parquet(&ctx, dir.path(), "sparse").await;
+    // The projection reads the key: the scan hands every row's key with its slot.
+    let plan = plan_of(&ctx, "SELECT k, mphf_index(k) FROM sparse").await;
+    let scan = find::<SlotScanExec>(&plan).expect("a slot scan");
+    let task = ctx.ctx().task_ctx();
+    let want = rows(&collect(Arc::clone(&scan), Arc::clone(&task)).await.unwrap());
+    assert_eq!(want.len(), 40_000 + 4, "40 000 rows and the table's frame");
+    let slot_scan = scan.downcast_ref::<SlotScanExec>().unwrap();
+    for tasks in [1, 3, 8] {
+        let variants = slot_scan.split_over_tasks(tasks).unwrap();
+        assert_eq!(variants.len(), tasks);
+        let mut got = Vec::new();
+        for v in &variants {
+            assert_eq!(v.output_partitioning().partition_count(), 2, "{tasks} tasks");
+            assert_eq!(v.schema(), scan.schema());
+            got.extend(collect(Arc::clone(v), Arc::clone(&task)).await.unwrap());
+        }
+        // Keys (all distinct) with their slots, each row once: a row handed another row's
+        // slot, or read twice, or left out, changes the sorted rows.
+        assert_eq!(rows(&got), want, "{tasks} tasks");
+        let mapped: usize = variants
+            .iter()
+            .map(|v| v.downcast_ref::<SlotScanExec>().unwrap().mapped_files())
+            .sum();
+        assert!(mapped >= 4, "{tasks} tasks: {mapped} mapped files");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_scans_run_in_several_tasks_on_a_cluster_and_give_vanillas_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let vanilla = SessionContext::new();
+    let setup = MphfContext::new();
+    sparse_parquet(&setup, dir.path(), "sparse").await;
+    let folder = dir.path().join("sparse").display().to_string();
+    vanilla
+        .register_parquet("sparse", &folder, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    // (query, whether its plan has a slot scan); `mphf_index` is looked up on the workers
+    // (docs/distributed.md, "Not distributed yet").
+    let queries = [
+        ("SELECT k, count(*), sum(amount) FROM sparse GROUP BY k", true),
+        ("SELECT k, max(x) FROM sparse WHERE x < 50 GROUP BY k", true),
+        ("SELECT count(DISTINCT k) FROM sparse", true),
+        (
+            "SELECT a.x, count(*) FROM sparse a JOIN sparse b ON a.k = b.k WHERE b.x < 10 GROUP BY a.x",
+            false,
+        ),
+        ("SELECT k, mphf_index(k) FROM sparse WHERE x = 3", false),
+    ];
+    for workers in [2, 4] {
+        let ctx = cluster(workers, WorkerIndexes::in_process());
+        sparse_parquet(&ctx, dir.path(), "sparse").await;
+        for (sql, slot_scan) in queries {
+            let df = ctx.sql(sql).await.unwrap();
+            let plan = df.clone().create_physical_plan().await.unwrap();
+            let text = display_plan_ascii(plan.as_ref(), false);
+            println!("{sql} on {workers} workers:\n{text}");
+            if slot_scan {
+                let leaf = find::<DistributedLeafExec>(&plan).expect("a split leaf");
+                let leaf = leaf.downcast_ref::<DistributedLeafExec>().unwrap();
+                assert!(leaf.original().is::<SlotScanExec>(), "{sql}:\n{text}");
+                assert!(leaf.variants().len() >= 2, "{sql} on {workers} workers:\n{text}");
+            }
+            let got = rows(
+                &df.collect()
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} on {workers} workers: {e}")),
+            );
+            // `mphf_index` against the single-process session's stored slots.
+            let want = match sql.contains("mphf_index") {
+                true => rows(&setup.sql(sql).await.unwrap().collect().await.unwrap()),
+                false => rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap()),
+            };
+            assert_eq!(got, want, "{sql} on {workers} workers:\n{text}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = MphfContext::new();
+    sparse_parquet(&setup, dir.path(), "sparse").await;
+    // A small dimension table keyed by every fourth key: DataFusion plans a collect-form join.
+    let dims = dir.path().join("dims");
+    std::fs::create_dir_all(&dims).unwrap();
+    let sql = "SELECT k, 'label' || (x % 7) AS label FROM sparse WHERE x % 4 = 0";
+    let batches = setup.sql(sql).await.unwrap().collect().await.unwrap();
+    write_parts(&dims, &[batches]);
+    let vanilla = SessionContext::new();
+    for (name, folder) in [("sparse", dir.path().join("sparse")), ("dims", dims.clone())] {
+        let folder = folder.display().to_string();
+        vanilla
+            .register_parquet(name, &folder, ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    let ctx = cluster(4, WorkerIndexes::in_process());
+    sparse_parquet(&ctx, dir.path(), "sparse").await;
+    ctx.register_parquet("dims", &dims.display().to_string()).await.unwrap();
+    ctx.sql("CREATE INDEX dims_k ON dims USING mphf (k)").await.unwrap();
+    // (query, whether the MPHF join must run in a multi-task stage over a broadcast build side)
+    let queries = [
+        (
+            "SELECT d.label, count(*), sum(s.amount) FROM dims d JOIN sparse s ON s.k = d.k GROUP BY d.label",
+            true,
+        ),
+        (
+            "SELECT s.x, d.label FROM dims d JOIN sparse s ON s.k = d.k WHERE s.x < 5",
+            true,
+        ),
+        ("SELECT count(*) FROM sparse s WHERE s.k IN (SELECT k FROM dims)", true),
+        // A left join emits unmatched build rows: each task would emit its own.
+        (
+            "SELECT d.label, s.x FROM dims d LEFT JOIN sparse s ON s.k = d.k AND s.x = 1",
+            false,
+        ),
+    ];
+    for (sql, broadcast) in queries {
+        let df = ctx.sql(sql).await.unwrap();
+        let plan = df.clone().create_physical_plan().await.unwrap();
+        let text = display_plan_ascii(plan.as_ref(), false);
+        println!("{sql}:\n{text}");
+        let mphf_join = text.contains("MphfJoinExec") || text.contains("MphfGroupJoinExec");
+        if broadcast {
+            assert!(mphf_join && text.contains("NetworkBroadcastExec"), "{sql}:\n{text}");
+            let stage = text
+                .split("Stage ")
+                .find(|s| s.contains("MphfJoinExec") || s.contains("MphfGroupJoinExec"))
+                .unwrap();
+            assert!(
+                !stage.contains("tasks=1,"),
+                "{sql}: the join's stage runs in one task:\n{text}"
+            );
+        }
+        // Unmatched build rows emitted by every task would show here.
+        let got = rows(&df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}")));
+        let want = rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap());
+        assert_eq!(got, want, "{sql}:\n{text}");
+    }
+
+    // DataFusion shuffles both sides of a `Partitioned` join by key; the collect form with a
+    // broadcast build side reads the probe side where it lies.
+    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let sql = "SELECT s.x, count(*) FROM dims d JOIN sparse s ON s.k = d.k GROUP BY s.x";
+    ctx.sql("SET mphf.enable_join = false")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let vanilla_text = display_plan_ascii(plan_of(&ctx, sql).await.as_ref(), false);
+    assert!(vanilla_text.contains("mode=Partitioned"), "{vanilla_text}");
+    ctx.sql("SET mphf.enable_join = true")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let df = ctx.sql(sql).await.unwrap();
+    let text = display_plan_ascii(df.clone().create_physical_plan().await.unwrap().as_ref(), false);
+    assert!(
+        text.contains("mode=CollectLeft") && text.contains("NetworkBroadcastExec"),
+        "{text}"
+    );
+    // One shuffle left: the partial aggregate's, by s.x.
+    assert_eq!(text.matches("NetworkShuffleExec").count(), 1, "{text}");
+    let got = rows(&df.collect().await.unwrap());
+    let want = rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap());
+    assert_eq!(got, want, "{sql}:\n{text}");
 }

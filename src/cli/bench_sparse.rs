@@ -87,6 +87,11 @@ pub struct BenchSparseArgs {
     /// (what `benches/duckdb_sparse.py --json` compares with DuckDB).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Run both sessions on in-memory clusters of N datafusion-distributed workers in this
+    /// process (vanilla distributed against MPHF distributed), over the Parquet files only:
+    /// in-memory tables cannot reach a worker in another process. 0: no cluster.
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
 }
 
 /// The storage modes of a run.
@@ -386,11 +391,15 @@ fn memory_sessions(config: &SessionConfig, data: &Data) -> Result<Sessions> {
     Ok(s)
 }
 
-/// Both sessions over the Parquet folders `dir/events/` and `dir/dims/`.
-async fn parquet_sessions(config: &SessionConfig, dir: &Path) -> Result<Sessions> {
-    let s = Sessions {
-        vanilla: SessionContext::new_with_config(config.clone()),
-        mphf: MphfContext::with_config(config.clone()),
+/// Both sessions over the Parquet folders `dir/events/` and `dir/dims/`; with `workers` > 0,
+/// each session the coordinator of its own in-memory cluster of that many workers.
+async fn parquet_sessions(config: &SessionConfig, dir: &Path, workers: usize) -> Result<Sessions> {
+    let s = match workers {
+        0 => Sessions {
+            vanilla: SessionContext::new_with_config(config.clone()),
+            mphf: MphfContext::with_config(config.clone()),
+        },
+        _ => cluster_sessions(config, workers)?,
     };
     for name in ["events", "dims"] {
         let path = format!("{}/", dir.join(name).display());
@@ -400,6 +409,29 @@ async fn parquet_sessions(config: &SessionConfig, dir: &Path) -> Result<Sessions
         s.mphf.register_parquet(name, &path).await?;
     }
     Ok(s)
+}
+
+/// The two sessions on in-memory clusters of `workers` workers each: DataFusion's own plans
+/// for the vanilla one (no MPHF rules on its coordinator), the extension's for the other.
+#[cfg(feature = "distributed")]
+fn cluster_sessions(config: &SessionConfig, workers: usize) -> Result<Sessions> {
+    use crate::datafusion::distributed::InMemoryCluster;
+    use ::datafusion::execution::SessionStateBuilder;
+    let builder = || {
+        SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config.clone())
+    };
+    let vanilla = InMemoryCluster::new(workers).start(builder())?.build();
+    Ok(Sessions {
+        vanilla: SessionContext::new_with_state(vanilla),
+        mphf: MphfContext::with_state_builder(InMemoryCluster::new(workers).start(builder())?),
+    })
+}
+
+#[cfg(not(feature = "distributed"))]
+fn cluster_sessions(_config: &SessionConfig, _workers: usize) -> Result<Sessions> {
+    bail!("--workers needs the `distributed` feature; build with the default features")
 }
 
 /// Removes the Parquet files a previous run left in `folder` (`part-*.parquet`, nothing else).
@@ -705,6 +737,17 @@ pub async fn run(args: BenchSparseArgs) -> Result<()> {
         shape.distinct,
         t.elapsed().as_secs_f64()
     );
+    if args.workers > 0 && args.mode == Modes::Memory {
+        bail!(
+            "--workers runs over the Parquet files only (in-memory tables cannot reach a worker); drop --mode memory"
+        );
+    }
+    if args.workers > 0 && args.mode == Modes::Both {
+        eprintln!(
+            "--workers {}: the Parquet mode only (in-memory tables cannot reach a worker)",
+            args.workers
+        );
+    }
     let wants_parquet = args.mode != Modes::Memory;
     let (dir, _temp) = match &args.parquet {
         Some(dir) => (dir.clone(), None),
@@ -718,19 +761,19 @@ pub async fn run(args: BenchSparseArgs) -> Result<()> {
     }
     let mut outcomes = Vec::new();
     let mut builds = Vec::new();
-    if args.mode != Modes::Parquet {
+    if args.mode != Modes::Parquet && args.workers == 0 {
         let s = memory_sessions(&config, &data)?;
         outcomes.extend(run_mode(&s, "memory", &queries, &args, &mut builds).await?);
     }
     drop(data);
     if wants_parquet {
-        let s = parquet_sessions(&config, &dir).await?;
+        let s = parquet_sessions(&config, &dir, args.workers).await?;
         outcomes.extend(run_mode(&s, "parquet", &queries, &args, &mut builds).await?);
     }
     if let Some(path) = &args.json {
         let report = json!({
             "rows": shape.rows, "distinct": shape.distinct, "seed": shape.seed,
-            "partitions": parts, "runs": args.runs,
+            "partitions": parts, "runs": args.runs, "workers": args.workers,
             "parquet_dir": if args.parquet.is_some() { json!(dir) } else { Value::Null },
             "queries": queries_json(&queries), "index_builds": builds,
             "results": outcomes.iter().map(Outcome::json).collect::<Vec<_>>(),

@@ -211,6 +211,12 @@ pub(super) fn rows_of(batches: &[RecordBatch]) -> Result<Vec<String>> {
 pub(super) async fn mphf_operators(ctx: &MphfContext, sql: &str) -> Result<String> {
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     let text = displayable(plan.as_ref()).indent(true).to_string();
+    // A distributed plan's operators are inside its stages.
+    #[cfg(feature = "distributed")]
+    let text = match plan.is::<datafusion_distributed::DistributedExec>() {
+        true => datafusion_distributed::display_plan_ascii(plan.as_ref(), false),
+        false => text,
+    };
     let ops: Vec<&str> = [("MphfAggregateExec", "agg"), ("MphfJoinExec", "join")]
         .into_iter()
         .filter(|(name, _)| text.contains(name))

@@ -51,7 +51,9 @@ use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, ColumnStatistics, Result, ScalarValue, Statistics};
 use ::datafusion::datasource::listing::PartitionedFile;
-use ::datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource, ParquetSource};
+use ::datafusion::datasource::physical_plan::{
+    FileGroup, FileGroupPartitioner, FileScanConfigBuilder, FileSource, ParquetSource,
+};
 use ::datafusion::datasource::source::DataSourceExec;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::physical_expr::expressions::Column;
@@ -377,10 +379,95 @@ impl SlotScanExec {
         self.key_column
     }
 
+    /// Bytes of the files (or file ranges) it scans.
+    pub fn file_bytes(&self) -> u64 {
+        self.scan
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|ds| ds.downcast_to_file_source::<ParquetSource>())
+            .map_or(0, |(config, _)| {
+                config
+                    .file_groups
+                    .iter()
+                    .flat_map(|g| g.files())
+                    .map(|f| f.effective_size())
+                    .sum()
+            })
+    }
+
+    /// Files with a slot map.
+    pub fn mapped_files(&self) -> usize {
+        self.mapped
+    }
+
     /// The slot scan replacing `relabel` (over a Parquet `DataSourceExec`), for the key column
-    /// at `key`; `None` when the scan is of another kind, has a limit, or the index has no slot
-    /// maps.
+    /// at `key`; `None` when the scan is of another kind, has a limit, or none of its files has
+    /// a slot map.
     pub(crate) fn try_new(
+        relabel: &MphfRelabelExec,
+        key: usize,
+        handle: &Arc<IndexHandle>,
+        key_column: KeyColumn,
+    ) -> Result<Option<Self>> {
+        Ok(Self::over_files(relabel, key, handle, key_column)?.filter(|scan| scan.mapped > 0))
+    }
+
+    /// This scan split over `tasks` distributed tasks: one slot scan per task, each over its
+    /// share of the files (large files cut into byte ranges, as DataFusion's own repartitioning
+    /// cuts them), each with this scan's partition count (a task with fewer file ranges than
+    /// partitions leaves the rest empty). Together they read every row once, with the same
+    /// slots. A task's share may hold no file with a slot map, or no file at all.
+    ///
+    /// # Errors
+    /// The scan under the relabel node is no longer a Parquet scan (it was one when this node was
+    /// made), or a task's scan cannot be built.
+    pub fn split_over_tasks(&self, tasks: usize) -> Result<Vec<Arc<dyn ExecutionPlan>>> {
+        let partitions = self.properties.partitioning.partition_count();
+        let Some((config, _)) = self
+            .scan
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|ds| ds.downcast_to_file_source::<ParquetSource>())
+        else {
+            return internal_err!("SlotScanExec: its scan is not a Parquet scan");
+        };
+        let tasks = tasks.max(1);
+        let ranges: Vec<FileGroup> = FileGroupPartitioner::new()
+            .with_target_partitions(partitions * tasks)
+            .with_repartition_file_min_size(0)
+            .repartition_file_groups(&config.file_groups)
+            .unwrap_or_else(|| config.file_groups.clone());
+        let mut shares: Vec<Vec<FileGroup>> = vec![Vec::with_capacity(partitions); tasks];
+        for (i, group) in ranges.into_iter().enumerate() {
+            shares[i % tasks].push(group);
+        }
+        let relabel_schema = Arc::new(self.relabel_schema());
+        let columns = self.relabel_columns();
+        let mut variants = Vec::with_capacity(shares.len());
+        for mut share in shares {
+            // Extra ranges join the task's partitions in turn; missing ones are empty.
+            while share.len() > partitions {
+                let extra = share.pop().map(|g| g.files().to_vec()).unwrap_or_default();
+                let into = share.len() % partitions;
+                let mut files = share[into].files().to_vec();
+                files.extend(extra);
+                share[into] = FileGroup::new(files);
+            }
+            share.resize_with(partitions, || FileGroup::new(vec![]));
+            let task_scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(
+                FileScanConfigBuilder::from(config.clone())
+                    .with_file_groups(share)
+                    .build(),
+            );
+            let relabel = MphfRelabelExec::with_schema(task_scan, Arc::clone(&relabel_schema), columns.clone())?;
+            match Self::over_files(&relabel, self.key, &self.handle, self.key_column)? {
+                Some(scan) => variants.push(Arc::new(scan) as Arc<dyn ExecutionPlan>),
+                None => return internal_err!("SlotScanExec: a task's share of the files gives no slot scan"),
+            }
+        }
+        Ok(variants)
+    }
+
+    /// [`Self::try_new`], also when no file has a slot map (its rows are then looked up).
+    pub(crate) fn over_files(
         relabel: &MphfRelabelExec,
         key: usize,
         handle: &Arc<IndexHandle>,
@@ -474,9 +561,6 @@ impl SlotScanExec {
                 });
             }
             partitions.push(scans);
-        }
-        if mapped == 0 {
-            return Ok(None);
         }
         let mut fields: Vec<Field> = relabel.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(slot_field(handle));

@@ -134,7 +134,7 @@ pub struct Costing {
     /// When DataFusion's own partial aggregation would hand its rows on unaggregated.
     pub partial_skip: PartialSkip,
     /// The plan is cut into stages for datafusion-distributed workers (`plan::runs_distributed`):
-    /// no slot-map scan, which the distributed planner cannot split over tasks.
+    /// no slot-range merge, which would merge only a task's share of the partials.
     pub distributed: bool,
 }
 
@@ -319,7 +319,7 @@ pub(crate) fn decide(
         });
     };
     // Over a Parquet table with slot maps the scan hands over every row's slot: no lookup.
-    let scan_slots = if key_is_slot || costing.distributed {
+    let scan_slots = if key_is_slot {
         None
     } else {
         match agg.group_expr().expr()[key_pos].0.downcast_ref::<Column>() {

@@ -23,23 +23,27 @@ use ::datafusion::common::{DataFusionError, Result};
 use ::datafusion::execution::context::QueryPlanner;
 use ::datafusion::execution::SessionStateBuilder;
 use ::datafusion::logical_expr::{LogicalPlan, PlanType, StringifiedPlan, ToStringifiedPlan};
+use ::datafusion::physical_plan::aggregates::AggregateMode;
 use ::datafusion::physical_plan::explain::ExplainExec;
 use ::datafusion::physical_plan::joins::PartitionMode;
 use ::datafusion::physical_plan::ExecutionPlan;
 use async_trait::async_trait;
 use datafusion_distributed::{
-    display_plan_ascii, grpc, ChannelResolver, DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExec,
-    DistributedExt, SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
+    display_plan_ascii, grpc, ChannelResolver, DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedConfig,
+    DistributedExec, DistributedExt, DistributedLeafExec, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
+    SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
 };
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Endpoint, Server};
 use url::Url;
 
+use super::broadcast::{build_is_broadcast, BroadcastBuildSides};
 use super::codec::MphfCodec;
 use super::identity::WorkerIndexes;
 use crate::datafusion::aggregate::MphfMergedAggregateExec;
 use crate::datafusion::join::MphfGroupJoinExec;
 use crate::datafusion::registry::MphfRegistry;
+use crate::datafusion::slot_scan::SlotScanExec;
 use crate::datafusion::{with_mphf, MphfConfig, MphfJoinExec};
 
 /// The coordinator's session builder: `builder` (DataFusion's defaults, the config and
@@ -57,13 +61,20 @@ pub fn distributed_state(
         .as_ref()
         .and_then(|c| c.options().extensions.get::<MphfConfig>().cloned())
         .unwrap_or_default();
-    let mut builder = builder.with_distributed_planner();
+    // The MPHF joins' build sides are broadcast after DataFusion's planner (and the MPHF rules)
+    // and before the distributed planner cuts the plan into stages.
+    let inner = builder.query_planner().take();
+    let mut builder = builder
+        .with_query_planner(Arc::new(BroadcastBuildSides { inner }))
+        .with_distributed_planner();
     if let Some(inner) = builder.query_planner().take() {
         builder = builder.with_query_planner(Arc::new(StagesInExplain { inner }));
     }
     builder
         .with_distributed_option_extension(mphf)
         .with_distributed_desired_task_count_handler(one_task_where_all_input_is_needed)
+        .with_distributed_desired_task_count_handler(slot_scan_tasks)
+        .with_distributed_scale_up_leaf_node_handler(slot_scan_split_over_tasks)
         .with_distributed_worker_resolver(workers)
         .with_distributed_channel_resolver(channels)
         .with_distributed_user_codec(codec)
@@ -117,10 +128,11 @@ impl QueryPlanner for StagesInExplain {
 
 /// One task for the stage of a node that must see all of its input in one process: the
 /// slot-range merge (each output range merges every input partition's partial), and the collect
-/// form of the join (one build side for all probe partitions). Split over tasks, each task would
-/// see part of the input and emit partial groups or miss matches. The distributed planner
-/// already does this for DataFusion's own collect-form join when its build side cannot be
-/// broadcast; for every other node it inherits its children's task count.
+/// form of the join (one build side for all probe partitions) unless its build side is
+/// broadcast (`broadcast`; for a group join, also unless its aggregate is partial). Split over
+/// tasks, each task would see part of the input and emit partial groups or miss matches. The
+/// distributed planner already does this for DataFusion's own collect-form join when its build
+/// side cannot be broadcast; for every other node it inherits its children's task count.
 ///
 /// The rules do not make these forms in a distributed session (`plan::runs_distributed`); this
 /// keeps a plan made otherwise (by hand, or by a session without the planner's options)
@@ -129,11 +141,43 @@ fn one_task_where_all_input_is_needed(ev: DesiredTaskCountEvent<'_>) -> Option<R
     let plan = ev.plan;
     let collects = |join: &MphfJoinExec| *join.join().partition_mode() == PartitionMode::CollectLeft;
     let needs_all = plan.is::<MphfMergedAggregateExec>()
-        || plan.downcast_ref::<MphfJoinExec>().is_some_and(collects)
         || plan
-            .downcast_ref::<MphfGroupJoinExec>()
-            .is_some_and(|g| collects(g.join()));
+            .downcast_ref::<MphfJoinExec>()
+            .is_some_and(|j| collects(j) && !build_is_broadcast(j))
+        || plan.downcast_ref::<MphfGroupJoinExec>().is_some_and(|g| {
+            let partial = *g.aggregate().mode() == AggregateMode::Partial;
+            collects(g.join()) && !(partial && build_is_broadcast(g.join()))
+        });
     needs_all.then(|| Ok(DesiredTaskCountEventResponse::maximum(1)))
+}
+
+/// The task count of a slot-map scan's stage: as for DataFusion's own file scan (the
+/// distributed planner's default handler), one task per
+/// `file_scan_config_bytes_per_partition` bytes of files per target partition. Without it the
+/// planner gives a leaf it does not know one task.
+fn slot_scan_tasks(ev: DesiredTaskCountEvent<'_>) -> Option<Result<DesiredTaskCountEventResponse>> {
+    let scan = ev.plan.downcast_ref::<SlotScanExec>()?;
+    let per_partition = DistributedConfig::from_session_config(ev.session_config)
+        .ok()?
+        .file_scan_config_bytes_per_partition;
+    let bytes: u64 = scan.file_bytes();
+    let tasks = (bytes as usize)
+        .div_ceil(per_partition.max(1))
+        .div_ceil(ev.session_config.target_partitions().max(1));
+    Some(Ok(DesiredTaskCountEventResponse::desired(tasks.max(1))))
+}
+
+/// A slot-map scan's stage over several tasks: each task scans its share of the files
+/// ([`SlotScanExec::split_over_tasks`]), and the codec sends each worker only its own.
+fn slot_scan_split_over_tasks(ev: ScaleUpLeafNodeEvent<'_>) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
+    let scan = ev.plan.downcast_ref::<SlotScanExec>()?;
+    if ev.task_count <= 1 {
+        return None;
+    }
+    let leaf = scan
+        .split_over_tasks(ev.task_count)
+        .and_then(|variants| DistributedLeafExec::try_new(Arc::clone(ev.plan), variants));
+    Some(leaf.map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))))
 }
 
 /// One worker: sessions with the extension's options and function, and a codec whose plans

@@ -176,6 +176,10 @@ struct SlotScanProto {
     key: u64,
     #[prost(bool, tag = "5")]
     key_where_no_slots: bool,
+    /// Files of this scan (of this task's share, once split over tasks) that had a slot map
+    /// on the coordinator.
+    #[prost(uint64, tag = "6")]
+    mapped: u64,
 }
 
 /// Encodes and decodes the MPHF nodes and `mphf_index` (see the module docs). Set it on the
@@ -406,6 +410,7 @@ impl MphfCodec {
                 index: Some(IndexRef::of(s.index())),
                 key: s.key() as u64,
                 key_where_no_slots: matches!(s.key_column(), KeyColumn::WhereNoSlots),
+                mapped: s.mapped_files() as u64,
             })));
         }
         Ok(None)
@@ -497,9 +502,9 @@ impl MphfCodec {
                     true => KeyColumn::WhereNoSlots,
                     false => KeyColumn::Read,
                 };
-                match SlotScanExec::try_new(&relabel, s.key as usize, &index, key_column)? {
-                    Some(scan) => Arc::new(scan),
-                    None => {
+                match SlotScanExec::over_files(&relabel, s.key as usize, &index, key_column)? {
+                    Some(scan) if scan.mapped_files() > 0 || s.mapped == 0 => Arc::new(scan),
+                    _ => {
                         return Err(DataFusionError::Execution(format!(
                             "MPHF index '{}' on {}({}): this worker has no slot maps for the table's files; \
                              save them beside the index where the workers read it",

@@ -10,6 +10,8 @@
 //! - [`identity`]: [`IndexRef`], how an encoded node names its index (identity and fingerprint,
 //!   never bytes), and how a worker resolves it (the coordinator's live index in the same
 //!   process, or the saved file, checked).
+//! - [`broadcast`]: the build sides of collect-form MPHF joins broadcast to every task of
+//!   their stage.
 //! - [`build`]: an index's MPHF built by the workers, bucket range by bucket range, with the
 //!   single-process build's bytes.
 //! - [`codec`]: encoding and decoding of every MPHF node and of `mphf_index`.
@@ -21,6 +23,7 @@
 //!   query fails with an error that names the index.
 //! - A decoded node shows the same `EXPLAIN` text and gives the same rows as the encoded one.
 
+pub mod broadcast;
 pub mod build;
 pub mod cluster;
 pub mod codec;

@@ -94,7 +94,10 @@ use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
-use crate::datafusion::plan::{runs_distributed, thresholds_for, Declined, Tuning};
+use crate::datafusion::plan::{
+    broadcasts_build_sides, build_side_broadcasts, join_type_broadcasts, runs_distributed, thresholds_for, Declined,
+    Tuning,
+};
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{hands_table_arrays, scan_slots_position};
 use crate::datafusion::table::MphfRelabelExec;
@@ -129,8 +132,11 @@ pub(crate) struct Costing {
     compare_costs: bool,
     /// Row estimates (DataFusion's), memoized for the pass that made this costing.
     rows: Rc<RowEstimator>,
-    /// The plan is cut into stages for datafusion-distributed workers (no collect form).
+    /// The plan is cut into stages for datafusion-distributed workers: a collect form only where
+    /// its build side is broadcast.
     distributed: bool,
+    /// The distributed planner broadcasts build sides (`plan::broadcasts_build_sides`).
+    broadcast: bool,
 }
 
 impl Costing {
@@ -148,12 +154,16 @@ impl Costing {
             compare_costs: t.compare_costs,
             rows: Rc::new(RowEstimator::new()),
             distributed: runs_distributed(config),
+            broadcast: broadcasts_build_sides(config),
         }
     }
 
-    /// Whether a `Partitioned` join with `probe_partitions` may run in a collect form.
+    /// Whether a `Partitioned` join with `probe_partitions` may run in a collect form. In a
+    /// distributed plan only with a broadcast build side: the probe side then stays where it is
+    /// read, where DataFusion's `Partitioned` join shuffles both sides by key.
     fn collect_allowed(&self, probe_partitions: usize) -> bool {
-        !self.distributed && (self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions)
+        (!self.distributed || self.broadcast)
+            && (self.collect_max_partitions == 0 || probe_partitions <= self.collect_max_partitions)
     }
 }
 
@@ -428,12 +438,16 @@ pub(crate) fn candidates(
     let rows_per_run = probe_rows_per_run(join, key);
     let per_row_lookup_pays = handle.index().dense_lookup_bytes() > 0 || rows_per_run >= costing.min_probe_rows_per_run;
     let collect_left = builds_once(join);
-    if collect_left && costing.distributed {
-        return unpriced(
-            "collect form in a distributed plan: datafusion-distributed broadcasts the build side of its own \
-             hash join only, and would run this one's stage in a single task"
-                .into(),
-        );
+    // In a distributed plan the build side is broadcast to every task of the stage
+    // (`distributed::broadcast`); without that the stage would run in one task.
+    if collect_left && costing.distributed && !(costing.broadcast && build_side_broadcasts(join)) {
+        return unpriced(format!(
+            "collect form in a distributed plan whose build side is not broadcast (a {} join{}{}): \
+             its stage would run in a single task",
+            join.join_type(),
+            if join.null_aware { ", null-aware" } else { "" },
+            if costing.broadcast { "" } else { ", broadcast_joins off" },
+        ));
     }
     let partitions = if collect_left {
         1
@@ -450,10 +464,6 @@ pub(crate) fn candidates(
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
     // So does a build key with slot maps (copied, no lookup).
     let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
-        // The distributed planner cannot split a slot-map scan over tasks.
-        if costing.distributed {
-            return Ok(join);
-        }
         let join = with_probe_scan_slots(&join, key)?.unwrap_or(join);
         Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
     };
@@ -482,7 +492,9 @@ pub(crate) fn candidates(
     let one_for_one = (tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(one));
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
-    let collect = if *join.partition_mode() != PartitionMode::Partitioned || !costing.collect_allowed(probe_partitions)
+    let collect = if *join.partition_mode() != PartitionMode::Partitioned
+        || !costing.collect_allowed(probe_partitions)
+        || (costing.distributed && !build_side_broadcasts(join))
     {
         None
     } else {
@@ -585,6 +597,7 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
 pub(crate) fn swappable(join: &HashJoinExec, costing: &Costing) -> bool {
     supports_join_type(join.join_type().swap())
         && !join.null_aware
+        && (!costing.distributed || join_type_broadcasts(&join.join_type().swap()))
         && join.null_equality() == NullEquality::NullEqualsNothing
         && join.fetch().is_none()
         && (*join.partition_mode() != PartitionMode::Partitioned
@@ -669,6 +682,11 @@ fn rewrite_feeding(
     // `SinglePartitioned` aggregate needs the join's hash partitioning: the probe exchange stays.
     let single = *agg.mode() == AggregateMode::SinglePartitioned;
     if !(single || *agg.mode() == AggregateMode::Partial) || agg.group_expr().expr().is_empty() {
+        return Ok(None);
+    }
+    // In a distributed plan the probe side's hash repartition is a network shuffle of every
+    // probe row, which the broadcast build side of the plain collect form makes unnecessary.
+    if costing.distributed && !single {
         return Ok(None);
     }
     let passes = plan.downcast_ref::<ProjectionExec>().is_some() || plan.downcast_ref::<FilterExec>().is_some();

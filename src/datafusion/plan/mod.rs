@@ -12,6 +12,8 @@ pub mod sanity;
 pub mod tuning;
 
 use ::datafusion::common::config::ConfigOptions;
+use ::datafusion::common::JoinType;
+use ::datafusion::physical_plan::joins::HashJoinExec;
 
 pub use cost::{CostModel, Estimate};
 pub use tuning::Tuning;
@@ -32,9 +34,8 @@ pub fn thresholds_for(cfg: &MphfConfig, config: &ConfigOptions) -> Option<Tuning
 
 /// True when the session's plans are cut into stages for datafusion-distributed workers (its
 /// planner's options are set). The rules then keep to the forms a stage split over several
-/// tasks runs correctly and in parallel: no slot-range merge of all input partitions, no
-/// collect-form join (datafusion-distributed broadcasts the build side of its own hash join
-/// only, and would run ours in one task).
+/// tasks runs correctly and in parallel: no slot-range merge of all input partitions, and a
+/// collect-form join only where its build side is broadcast ([`broadcasts_build_sides`]).
 pub fn runs_distributed(config: &ConfigOptions) -> bool {
     #[cfg(feature = "distributed")]
     {
@@ -48,6 +49,41 @@ pub fn runs_distributed(config: &ConfigOptions) -> bool {
         let _ = config;
         false
     }
+}
+
+/// True when the session's plans are cut into stages (see [`runs_distributed`]) and the build
+/// side of a collect-form join may be broadcast to every task of its stage
+/// (datafusion-distributed's `broadcast_joins` option, on by default). The join rule keeps the
+/// collect form then, for join types a broadcast build side answers correctly
+/// ([`build_side_broadcasts`]).
+pub fn broadcasts_build_sides(config: &ConfigOptions) -> bool {
+    #[cfg(feature = "distributed")]
+    {
+        datafusion_distributed::DistributedConfig::from_config_options(config).is_ok_and(|d| d.broadcast_joins)
+    }
+    #[cfg(not(feature = "distributed"))]
+    {
+        let _ = config;
+        false
+    }
+}
+
+/// Whether a collect-form `join` gives the same rows with its build side broadcast to several
+/// tasks, each probing its share of the probe side: the join emits no row for an unmatched
+/// build row (each task would emit its own), and it is not a null-aware anti join (whose check
+/// for NULL probe keys would see one task's share). datafusion-distributed broadcasts its own
+/// hash joins under the same rule.
+pub fn build_side_broadcasts(join: &HashJoinExec) -> bool {
+    join_type_broadcasts(join.join_type()) && !join.null_aware
+}
+
+/// Whether a collect-form join of type `join_type` emits no row for an unmatched build row
+/// (see [`build_side_broadcasts`]).
+pub fn join_type_broadcasts(join_type: &JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark
+    )
 }
 
 /// A candidate the rules left to DataFusion: why, and the estimates where it was priced

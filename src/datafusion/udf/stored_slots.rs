@@ -188,7 +188,9 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
 
 impl PhysicalOptimizerRule for MphfStoredSlotsRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        // A slot-map scan cannot be split over distributed tasks (`plan::runs_distributed`).
+        // A distributed stage would carry `StoredSlotsExpr` through datafusion-distributed's
+        // composed codec, which (datafusion-proto 55) passes no custom physical expression on
+        // to ours: workers look the keys up instead (`plan::runs_distributed`).
         if config.extensions.get::<MphfConfig>().is_none() || runs_distributed(config) {
             return Ok(plan);
         }
