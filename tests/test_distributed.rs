@@ -797,10 +797,11 @@ async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
     let dir = tempfile::tempdir().unwrap();
     let setup = MphfContext::new();
     sparse_parquet(&setup, dir.path(), "sparse").await;
-    // A small dimension table keyed by every fourth key: DataFusion plans a collect-form join.
+    // A small dimension table keyed by one key in 14: DataFusion plans a collect-form join, and
+    // broadcasting it pays (`join::rule`'s least probe rows per build row).
     let dims = dir.path().join("dims");
     std::fs::create_dir_all(&dims).unwrap();
-    let sql = "SELECT k, 'label' || (x % 7) AS label FROM sparse WHERE x % 4 = 0";
+    let sql = "SELECT k, 'label' || (x % 7) AS label FROM sparse WHERE x % 16 = 0";
     let batches = setup.sql(sql).await.unwrap().collect().await.unwrap();
     write_parts(&dims, &[batches]);
     let vanilla = SessionContext::new();

@@ -494,7 +494,7 @@ pub(crate) fn candidates(
     let probe_partitions = join.right().output_partitioning().partition_count();
     let collect = if *join.partition_mode() != PartitionMode::Partitioned
         || !costing.collect_allowed(probe_partitions)
-        || (costing.distributed && !build_side_broadcasts(join))
+        || (costing.distributed && !broadcast_pays(join, costing))
     {
         None
     } else {
@@ -541,6 +541,27 @@ pub(crate) fn candidates(
         }
         (one, collect) => Forms::Some(one, collect),
     })
+}
+
+/// Least estimated probe rows per build row for a distributed `Partitioned` join to run in the
+/// collect form. Every task of the join's stage receives and builds the whole broadcast build
+/// side, where the `Partitioned` join shuffles each side once; clusters run 2–8 tasks a stage,
+/// so the broadcast costs less than the probe side's shuffle only when the build side is
+/// several times smaller (benches/RESULTS.md, session 36: the sparse suite's join with a
+/// filtered dimension, 40 probe rows a build row, gains; TPC-H Q7–Q9's joins of 4–8 lose).
+const BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW: f64 = 8.0;
+
+/// Whether the `Partitioned` `join` of a distributed plan may be rewritten in the collect form
+/// with a broadcast build side: its join type allows the broadcast, and its estimated probe
+/// rows are at least [`BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW`] times its build rows (unknown
+/// estimates: no).
+fn broadcast_pays(join: &HashJoinExec, costing: &Costing) -> bool {
+    let rows = |side: &Arc<dyn ExecutionPlan>| costing.rows.datafusion_rows(side);
+    build_side_broadcasts(join)
+        && matches!(
+            (rows(join.left()), rows(join.right())),
+            (Some(build), Some(probe)) if probe >= BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW * build
+        )
 }
 
 /// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
@@ -593,11 +614,22 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
     )?))
 }
 
+/// [`broadcast_pays`] for `join` swapped: its probe side broadcast as the build side.
+fn swapped_broadcast_pays(join: &HashJoinExec, costing: &Costing) -> bool {
+    let rows = |side: &Arc<dyn ExecutionPlan>| costing.rows.datafusion_rows(side);
+    join_type_broadcasts(&join.join_type().swap())
+        && !join.null_aware
+        && matches!(
+            (rows(join.right()), rows(join.left())),
+            (Some(build), Some(probe)) if probe >= BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW * build
+        )
+}
+
 /// Whether `join` could run swapped (its probe side as the build side) in the collect form.
 pub(crate) fn swappable(join: &HashJoinExec, costing: &Costing) -> bool {
     supports_join_type(join.join_type().swap())
         && !join.null_aware
-        && (!costing.distributed || join_type_broadcasts(&join.join_type().swap()))
+        && (!costing.distributed || swapped_broadcast_pays(join, costing))
         && join.null_equality() == NullEquality::NullEqualsNothing
         && join.fetch().is_none()
         && (*join.partition_mode() != PartitionMode::Partitioned
