@@ -548,7 +548,8 @@ pub(crate) fn candidates(
 /// side, where the `Partitioned` join shuffles each side once; clusters run 2–8 tasks a stage,
 /// so the broadcast costs less than the probe side's shuffle only when the build side is
 /// several times smaller (benches/RESULTS.md, session 36: the sparse suite's join with a
-/// filtered dimension, 40 probe rows a build row, gains; TPC-H Q7–Q9's joins of 4–8 lose).
+/// filtered dimension, 40 probe rows a build row, gained; TPC-H Q8, whose filtered orders were
+/// broadcast to a smaller probe side, lost).
 const BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW: f64 = 8.0;
 
 /// Whether the `Partitioned` `join` of a distributed plan may be rewritten in the collect form
@@ -556,12 +557,16 @@ const BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW: f64 = 8.0;
 /// rows are at least [`BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW`] times its build rows (unknown
 /// estimates: no).
 fn broadcast_pays(join: &HashJoinExec, costing: &Costing) -> bool {
-    let rows = |side: &Arc<dyn ExecutionPlan>| costing.rows.datafusion_rows(side);
-    build_side_broadcasts(join)
-        && matches!(
-            (rows(join.left()), rows(join.right())),
-            (Some(build), Some(probe)) if probe >= BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW * build
-        )
+    build_side_broadcasts(join) && probe_outnumbers_build(join.left(), join.right(), costing)
+}
+
+/// Whether the estimated rows of `probe` are at least [`BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW`]
+/// times those of `build` (unknown estimates: no).
+fn probe_outnumbers_build(build: &Arc<dyn ExecutionPlan>, probe: &Arc<dyn ExecutionPlan>, costing: &Costing) -> bool {
+    match (costing.rows.datafusion_rows(build), costing.rows.datafusion_rows(probe)) {
+        (Some(build), Some(probe)) => probe >= BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW * build,
+        _ => false,
+    }
 }
 
 /// `join` with its inputs swapped (the indexed side becomes the build side), in the collect
@@ -614,22 +619,14 @@ fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn 
     )?))
 }
 
-/// [`broadcast_pays`] for `join` swapped: its probe side broadcast as the build side.
-fn swapped_broadcast_pays(join: &HashJoinExec, costing: &Costing) -> bool {
-    let rows = |side: &Arc<dyn ExecutionPlan>| costing.rows.datafusion_rows(side);
-    join_type_broadcasts(&join.join_type().swap())
-        && !join.null_aware
-        && matches!(
-            (rows(join.right()), rows(join.left())),
-            (Some(build), Some(probe)) if probe >= BROADCAST_MIN_PROBE_ROWS_PER_BUILD_ROW * build
-        )
-}
-
-/// Whether `join` could run swapped (its probe side as the build side) in the collect form.
+/// Whether `join` could run swapped (its probe side as the build side) in the collect form; in
+/// a distributed plan, with that build side broadcast where it pays (see [`broadcast_pays`]).
 pub(crate) fn swappable(join: &HashJoinExec, costing: &Costing) -> bool {
     supports_join_type(join.join_type().swap())
         && !join.null_aware
-        && (!costing.distributed || swapped_broadcast_pays(join, costing))
+        && (!costing.distributed
+            || (join_type_broadcasts(&join.join_type().swap())
+                && probe_outnumbers_build(join.right(), join.left(), costing)))
         && join.null_equality() == NullEquality::NullEqualsNothing
         && join.fetch().is_none()
         && (*join.partition_mode() != PartitionMode::Partitioned
