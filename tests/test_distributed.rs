@@ -82,6 +82,7 @@ fn halves(batches: Vec<RecordBatch>) -> Vec<Vec<RecordBatch>> {
     vec![batches[..half].to_vec(), batches[half..].to_vec()]
 }
 
+/// Runs `sql` in `ctx` (a statement or a query), its rows.
 async fn setup_rows(ctx: &MphfContext, sql: &str) -> Vec<RecordBatch> {
     ctx.sql(sql).await.unwrap().collect().await.unwrap()
 }
@@ -329,12 +330,7 @@ async fn a_worker_without_the_coordinators_index_fails_naming_it() {
         async move {
             let ctx = cluster(2, indexes);
             ctx.sql(&format!("SET mphf.index_dir = '{shared}'")).await.unwrap();
-            ctx.sql("SET mphf.costing = 'always'")
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
+            setup_rows(&ctx, "SET mphf.costing = 'always'").await;
             ctx.register_parquet("facts", &facts).await.unwrap();
             ctx.sql("CREATE INDEX IF NOT EXISTS facts_k ON facts USING mphf (k)")
                 .await
@@ -700,12 +696,7 @@ async fn sparse_parquet(ctx: &MphfContext, dir: &Path, name: &str) {
     ctx.sql(&format!("CREATE INDEX IF NOT EXISTS {name}_k ON {name} USING mphf (k)"))
         .await
         .unwrap();
-    ctx.sql("SET mphf.costing = 'always'")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    setup_rows(ctx, "SET mphf.costing = 'always'").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,8 +742,8 @@ async fn slot_scans_run_in_several_tasks_on_a_cluster_and_give_vanillas_rows() {
         .register_parquet("sparse", &folder, ParquetReadOptions::default())
         .await
         .unwrap();
-    // (query, whether its plan has a slot scan); `mphf_index` is looked up on the workers
-    // (docs/distributed.md, "Not distributed yet").
+    // (query, whether its plan has a slot scan); `mphf_index` is answered from the slot maps
+    // on the workers.
     let queries = [
         ("SELECT k, count(*), sum(amount) FROM sparse GROUP BY k", true),
         ("SELECT k, max(x) FROM sparse WHERE x < 50 GROUP BY k", true),
@@ -761,7 +752,8 @@ async fn slot_scans_run_in_several_tasks_on_a_cluster_and_give_vanillas_rows() {
             "SELECT a.x, count(*) FROM sparse a JOIN sparse b ON a.k = b.k WHERE b.x < 10 GROUP BY a.x",
             false,
         ),
-        ("SELECT k, mphf_index(k) FROM sparse WHERE x = 3", false),
+        ("SELECT k, mphf_index(k) FROM sparse WHERE x = 3", true),
+        ("SELECT x, mphf_index(k) FROM sparse WHERE x < 3", true),
     ];
     for workers in [2, 4] {
         let ctx = cluster(workers, WorkerIndexes::in_process());
@@ -782,7 +774,14 @@ async fn slot_scans_run_in_several_tasks_on_a_cluster_and_give_vanillas_rows() {
                     .await
                     .unwrap_or_else(|e| panic!("{sql} on {workers} workers: {e}")),
             );
-            // `mphf_index` against the single-process session's stored slots.
+            // `mphf_index` reads the slot maps on the workers, checked against the
+            // single-process session's answer.
+            if sql.contains("mphf_index") {
+                assert!(
+                    text.contains("mphf_stored_slots("),
+                    "{sql} on {workers} workers:\n{text}"
+                );
+            }
             let want = match sql.contains("mphf_index") {
                 true => rows(&setup.sql(sql).await.unwrap().collect().await.unwrap()),
                 false => rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap()),
@@ -858,33 +857,21 @@ async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
 
     // DataFusion shuffles both sides of a `Partitioned` join by key; the collect form with a
     // broadcast build side reads the probe side where it lies.
-    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    setup_rows(
+        &ctx,
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+    )
+    .await;
+    setup_rows(
+        &ctx,
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    )
+    .await;
     let sql = "SELECT s.x, count(*) FROM dims d JOIN sparse s ON s.k = d.k GROUP BY s.x";
-    ctx.sql("SET mphf.enable_join = false")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    setup_rows(&ctx, "SET mphf.enable_join = false").await;
     let vanilla_text = display_plan_ascii(plan_of(&ctx, sql).await.as_ref(), false);
     assert!(vanilla_text.contains("mode=Partitioned"), "{vanilla_text}");
-    ctx.sql("SET mphf.enable_join = true")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    setup_rows(&ctx, "SET mphf.enable_join = true").await;
     let df = ctx.sql(sql).await.unwrap();
     let text = display_plan_ascii(df.clone().create_physical_plan().await.unwrap().as_ref(), false);
     assert!(
@@ -896,4 +883,53 @@ async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
     let got = rows(&df.collect().await.unwrap());
     let want = rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap());
     assert_eq!(got, want, "{sql}:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_joins_ship_scan_slots_only_for_keys_without_a_dense_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = MphfContext::new();
+    sparse_parquet(&setup, dir.path(), "sparse").await;
+    // Dense keys 1..=40 000: their index gets a dense key table, one array read a lookup.
+    let dense = dir.path().join("dense");
+    let sql = "SELECT v AS k, v % 97 AS x, CAST(v AS DOUBLE) AS amount FROM generate_series(1, 40000) AS t(v)";
+    write_parts(&dense, &halves(setup_rows(&setup, sql).await));
+    let vanilla = SessionContext::new();
+    for (name, folder) in [("sparse", dir.path().join("sparse")), ("dense", dense.clone())] {
+        let folder = folder.display().to_string();
+        vanilla
+            .register_parquet(name, &folder, ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    let ctx = cluster(2, WorkerIndexes::in_process());
+    sparse_parquet(&ctx, dir.path(), "sparse").await;
+    ctx.register_parquet("dense", &dense.display().to_string())
+        .await
+        .unwrap();
+    ctx.sql("CREATE INDEX dense_k ON dense USING mphf (k)").await.unwrap();
+    // Both sides shuffled by key: a `Partitioned` join.
+    setup_rows(
+        &ctx,
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+    )
+    .await;
+    setup_rows(
+        &ctx,
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    )
+    .await;
+    for (table, ships_slots) in [("sparse", true), ("dense", false)] {
+        let sql = format!("SELECT a.x, count(*), sum(b.amount) FROM {table} a JOIN {table} b ON a.k = b.k WHERE b.x < 60 GROUP BY a.x");
+        let df = ctx.sql(&sql).await.unwrap();
+        let plan = df.clone().create_physical_plan().await.unwrap();
+        let text = display_plan_ascii(plan.as_ref(), false);
+        println!("{sql}:\n{text}");
+        assert!(text.contains("MphfJoinExec: mode=Partitioned"), "{sql}:\n{text}");
+        // A slot column below a shuffle crosses the network with every row.
+        assert_eq!(text.contains("SlotScanExec"), ships_slots, "{sql}:\n{text}");
+        let got = rows(&df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}")));
+        let want = rows(&vanilla.sql(&sql).await.unwrap().collect().await.unwrap());
+        assert_eq!(got, want, "{sql}:\n{text}");
+    }
 }

@@ -343,21 +343,24 @@ async fn mphf_index_over_the_scan_returns_the_stored_slots() {
                 let (got, plan, _, _) = mphf_run(&ctx, &stored).await;
                 let case = format!("batch {batch_size}, pushdown {pushdown}: {stored}\n{plan}");
                 assert!(
-                    plan.contains("[stored slots]") && plan.contains("SlotScanExec"),
+                    plan.contains("mphf_stored_slots(") && plan.contains("SlotScanExec"),
                     "{case}"
                 );
                 // No other expression or filter reads the key: mapped files are scanned
                 // without it.
                 assert!(plan.contains("key=unread in mapped files"), "{case}");
                 let (want, lookup_plan, _, _) = mphf_run(&ctx, &looked_up).await;
-                assert!(!lookup_plan.contains("[stored slots]"), "{lookup_plan}");
+                assert!(!lookup_plan.contains("mphf_stored_slots("), "{lookup_plan}");
                 assert_eq!(got, want, "{case}");
                 // The key beside its slots is read from every file.
                 let with_key = format!("SELECT seq, {key}, mphf_index({key}) AS slot FROM ev {filter}");
                 let with_key_looked_up =
                     format!("SELECT seq, {key}, mphf_index('{index}', {key}) AS slot FROM ev {filter}");
                 let (got, plan, _, _) = mphf_run(&ctx, &with_key).await;
-                assert!(plan.contains("[stored slots]") && plan.contains("key=read"), "{plan}");
+                assert!(
+                    plan.contains("mphf_stored_slots(") && plan.contains("key=read"),
+                    "{plan}"
+                );
                 assert_eq!(got, mphf_run(&ctx, &with_key_looked_up).await.0, "{plan}");
             }
             // The scan carries one index's slots: the second key of a projection is looked up.
@@ -365,7 +368,7 @@ async fn mphf_index_over_the_scan_returns_the_stored_slots() {
             let both_looked_up =
                 format!("SELECT seq, mphf_index('ev_id', id) AS a, mphf_index('ev_s', s) AS b FROM ev {filter}");
             let (got, plan, _, _) = mphf_run(&ctx, &both).await;
-            assert_eq!(plan.matches("[stored slots]").count(), 1, "{plan}");
+            assert_eq!(plan.matches("mphf_stored_slots(").count(), 1, "{plan}");
             assert_eq!(got, mphf_run(&ctx, &both_looked_up).await.0, "{plan}");
         }
         // NULL keys (every 101st row) get NULL slots; LIMIT over the stored slots.

@@ -35,7 +35,7 @@ use super::registry::{IndexHandle, IndexSource, MphfRegistry};
 use super::statements::{self, MphfStatement, TableName};
 use super::table::MphfTable;
 use super::udf::partitioned_build::{MphfBuildPartFunc, MphfRouteFunc};
-use super::udf::MphfIndexFunc;
+use super::udf::{MphfIndexFunc, MphfStoredSlotsFunc};
 
 /// Name of the table function listing the session's indexes.
 pub const INDEX_LIST_FUNCTION: &str = "mphf_indexes";
@@ -61,12 +61,16 @@ pub fn with_mphf(mut builder: SessionStateBuilder) -> SessionStateBuilder {
         .scalar_functions()
         .get_or_insert_with(Vec::new)
         .push(Arc::new(MphfIndexFunc::udf(Some(Arc::clone(&registry)))));
-    // The functions of index builds on a cluster (`distributed::build`): the workers find them
-    // by name.
+    // The functions of index builds on a cluster (`distributed::build`) and the answer of
+    // `mphf_index` from stored slots (`udf::stored_slots`): the workers find them by name.
     builder
         .scalar_functions()
         .get_or_insert_with(Vec::new)
         .push(Arc::new(ScalarUDF::from(MphfRouteFunc::default())));
+    builder
+        .scalar_functions()
+        .get_or_insert_with(Vec::new)
+        .push(Arc::new(MphfStoredSlotsFunc::udf()));
     builder
         .aggregate_functions()
         .get_or_insert_with(Vec::new)

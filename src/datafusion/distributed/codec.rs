@@ -41,6 +41,7 @@ use crate::datafusion::registry::MphfRegistry;
 use crate::datafusion::slot_scan::{KeyColumn, SlotScanExec};
 use crate::datafusion::table::MphfRelabelExec;
 use crate::datafusion::udf::mphf_index::MPHF_INDEX_NAME;
+use crate::datafusion::udf::{MphfStoredSlotsFunc, STORED_SLOTS_NAME};
 use crate::datafusion::{MphfAggregateExec, MphfIndexFunc, MphfJoinExec};
 
 /// One encoded MPHF node.
@@ -558,13 +559,17 @@ impl PhysicalExtensionCodec for MphfCodec {
         if name == MPHF_INDEX_NAME {
             return Ok(Arc::new(MphfIndexFunc::udf(self.registry.clone())));
         }
+        if name == STORED_SLOTS_NAME {
+            return Ok(Arc::new(MphfStoredSlotsFunc::udf()));
+        }
         not_impl_err!("MphfCodec does not decode the function {name}")
     }
 
     fn try_encode_udf(&self, node: &ScalarUDF, _buf: &mut Vec<u8>) -> Result<()> {
         // `mphf_index` carries no state of its own: its column's index travels with the
-        // relabel node below it, its named form resolves in the worker's registry.
-        if node.name() == MPHF_INDEX_NAME {
+        // relabel node below it, its named form resolves in the worker's registry. So does
+        // its answer from stored slots, whose slot column comes from the slot-map scan.
+        if node.name() == MPHF_INDEX_NAME || node.name() == STORED_SLOTS_NAME {
             return Ok(());
         }
         not_impl_err!("MphfCodec does not encode the function {}", node.name())

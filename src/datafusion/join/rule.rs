@@ -87,7 +87,7 @@ use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Replac
 
 use super::group_count;
 use super::group_join::group_join_shape;
-use super::scan_slots::{with_build_scan_slots, with_probe_scan_slots};
+use super::scan_slots::{slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
 use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::aggregate::RowEstimator;
@@ -462,10 +462,20 @@ pub(crate) fn candidates(
     let tables_pay =
         collect_left || costing.partitioned_max_partitions == 0 || partitions <= costing.partitioned_max_partitions;
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).
-    // So does a build key with slot maps (copied, no lookup).
+    // So does a build key with slot maps (copied, no lookup). In a distributed plan a side
+    // whose slots would cross a network exchange looks its keys up instead where the dense key
+    // table makes the lookup one array read (see `scan_slots`).
+    let dense = handle.index().dense_lookup_bytes() > 0;
+    let ships = |side: &Arc<dyn ExecutionPlan>| costing.distributed && dense && slots_cross_exchange(side);
     let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
-        let join = with_probe_scan_slots(&join, key)?.unwrap_or(join);
-        Ok(with_build_scan_slots(&join, key, &handle)?.unwrap_or(join))
+        let join = match with_probe_scan_slots(&join, key)? {
+            Some(j) if !ships(j.right()) => j,
+            _ => join,
+        };
+        Ok(match with_build_scan_slots(&join, key, &handle)? {
+            Some(j) if !ships(j.left()) => j,
+            _ => join,
+        })
     };
     let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
         let estimate = estimate_of(&join, vanilla, &handle, key, costing, above);

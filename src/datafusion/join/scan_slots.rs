@@ -14,18 +14,29 @@
 //!   the join's projection skips it (the output columns after it move up by one).
 //! - The join's keys and filter refer to a side's columns by position, which the appended
 //!   column at the end does not move.
+//!
+//! # Distributed plans
+//! A hash repartition or a coalesce between a side's scan and the join becomes a network
+//! exchange in a datafusion-distributed plan, and the slot column travels through it with every
+//! row (4 or 8 bytes each, encoded, sent and decoded). Where the key's lookup costs about one
+//! array read (a dense key table), that transfer costs more than the lookup it saves, so the
+//! rule leaves such a side without scan slots ([`slots_cross_exchange`]).
 
 use std::sync::Arc;
 
 use ::datafusion::arrow::datatypes::Schema;
 use ::datafusion::common::{JoinType, Result};
 use ::datafusion::physical_expr::expressions::Column;
+use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::joins::utils::build_join_schema;
 use ::datafusion::physical_plan::joins::HashJoinExec;
-use ::datafusion::physical_plan::ExecutionPlan;
+use ::datafusion::physical_plan::repartition::RepartitionExec;
+use ::datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use crate::datafusion::registry::{index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::{attach_scan_slots, scan_slots_position, KeyColumn, SCAN_SLOTS_COLUMN};
+use crate::datafusion::slot_scan::{
+    attach_scan_slots, scan_slots_position, KeyColumn, SlotScanExec, SCAN_SLOTS_COLUMN,
+};
 
 /// `join` with a slot-map scan under its build side for key pair `key` (indexed by `handle`),
 /// its output unchanged; `None` when the table has no slot maps, the build side already
@@ -99,6 +110,28 @@ pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<O
         return Ok(None);
     }
     Ok(Some(rebuilt))
+}
+
+/// Whether the slot-map scan under `side` (a join side that [`attach_scan_slots`] gave a slot
+/// column) reaches the join through a hash repartition or a coalesce of partitions, the nodes a
+/// distributed planner turns into network exchanges. False where no slot-map scan is found
+/// down the chain of single-child nodes.
+pub(crate) fn slots_cross_exchange(side: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut node = side;
+    let mut crossed = false;
+    loop {
+        if node.downcast_ref::<SlotScanExec>().is_some() {
+            return crossed;
+        }
+        crossed |= node.downcast_ref::<CoalescePartitionsExec>().is_some()
+            || node
+                .downcast_ref::<RepartitionExec>()
+                .is_some_and(|r| matches!(r.partitioning(), Partitioning::Hash(..)));
+        match node.children()[..] {
+            [child] => node = child,
+            _ => return false,
+        }
+    }
 }
 
 /// `join` over `left` and `right` (its sides, one of them with a slot column appended), with a

@@ -1,4 +1,4 @@
-//! Functions of the extension: `mphf_index`, and the routing and part-building functions of
+//! Functions of the extension: `mphf_index`, its answer from stored slots, and the routing and part-building functions of
 //! index builds on a cluster.
 
 pub mod mphf_index;
@@ -6,4 +6,4 @@ pub mod partitioned_build;
 pub mod stored_slots;
 
 pub use mphf_index::{MphfIndexFunc, GPU_LOOKUP_MIN_ROWS};
-pub use stored_slots::{MphfStoredSlotsRule, StoredSlotsExpr};
+pub use stored_slots::{MphfStoredSlotsFunc, MphfStoredSlotsRule, STORED_SLOTS_NAME};

@@ -3,7 +3,7 @@
 //! [`MphfStoredSlotsRule`] finds projections that compute `mphf_index(col)` of a column read
 //! straight from an indexed table with slot maps (through the nodes
 //! [`attach_scan_slots`] can carry a column through). It appends the scan's slot column under
-//! the projection and replaces the call by [`StoredSlotsExpr`], which returns that column.
+//! the projection and replaces the call by [`MphfStoredSlotsFunc`], which returns that column.
 //!
 //! # Invariants
 //! - The answer is the lookup's, row for row: the scan vouches for every slot it hands over
@@ -22,17 +22,17 @@
 //! - The projection's output schema is unchanged (the expression reports the call's field).
 
 use std::collections::HashMap;
-use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use ::datafusion::arrow::array::{Array, RecordBatch, UInt32Array};
+use ::datafusion::arrow::array::{Array, UInt32Array};
 use ::datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
-use ::datafusion::arrow::datatypes::{DataType, FieldRef, Schema};
+use ::datafusion::arrow::datatypes::{DataType, FieldRef};
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use ::datafusion::common::{internal_err, Result};
-use ::datafusion::logical_expr::ColumnarValue;
+use ::datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
 use ::datafusion::physical_expr::expressions::Column;
 use ::datafusion::physical_expr::projection::ProjectionExpr;
 use ::datafusion::physical_expr::utils::collect_columns;
@@ -41,78 +41,109 @@ use ::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use ::datafusion::physical_plan::projection::ProjectionExec;
 use ::datafusion::physical_plan::ExecutionPlan;
 
-use super::mphf_index::MPHF_INDEX_NAME;
+use super::mphf_index::{MphfIndexFunc, MPHF_INDEX_NAME};
 use crate::datafusion::config::MphfConfig;
-use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::registry::index_of_field;
 use crate::datafusion::slot_scan::{attach_scan_slots, KeyColumn, SCAN_SLOTS_COLUMN};
 use crate::index::NO_SLOT;
 
-/// `mphf_index(col)` answered from the slot column a slot-map scan appended.
-#[derive(Debug, Eq)]
-pub struct StoredSlotsExpr {
-    /// The appended slot column (`UInt32`, `NO_SLOT` for a NULL key, NULL where not vouched).
-    slots: Arc<dyn PhysicalExpr>,
-    /// The original call, for batches with rows the scan did not vouch for.
-    lookup: Arc<dyn PhysicalExpr>,
+/// Name of the function that answers `mphf_index(col)` from a scan's slot column.
+pub const STORED_SLOTS_NAME: &str = "mphf_stored_slots";
+
+/// `mphf_stored_slots(slots, col)`: `mphf_index(col)` answered from `slots`, the slot column a
+/// slot-map scan appended (`UInt32`, `NO_SLOT` for a NULL key, NULL where the scan did not
+/// vouch), or from the lookup of `col` for a batch with a row the scan did not vouch for.
+///
+/// The rule places it. It is a scalar function rather than a custom physical expression so
+/// that datafusion-proto carries it to distributed workers by name: the composed codec that
+/// datafusion-distributed 4.0.0 builds passes no custom expression on to ours. Sessions
+/// register it (as they register `mphf_index`), and the workers' plans find it there. A first
+/// argument that is not a scan's slot column (a call from SQL) is ignored: the key is looked up.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct MphfStoredSlotsFunc {
+    signature: Signature,
 }
 
-impl PartialEq for StoredSlotsExpr {
-    fn eq(&self, other: &Self) -> bool {
-        *self.slots == *other.slots && *self.lookup == *other.lookup
+impl Default for MphfStoredSlotsFunc {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
-impl Hash for StoredSlotsExpr {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.slots.hash(state);
-        self.lookup.hash(state);
+impl MphfStoredSlotsFunc {
+    /// The function.
+    pub fn new() -> Self {
+        Self {
+            signature: Signature::any(2, Volatility::Immutable),
+        }
+    }
+
+    /// The function as a [`ScalarUDF`].
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self::new())
     }
 }
 
-impl StoredSlotsExpr {
-    /// Reads `slots`, falling back to `lookup`.
-    pub fn new(slots: Arc<dyn PhysicalExpr>, lookup: Arc<dyn PhysicalExpr>) -> Self {
-        Self { slots, lookup }
+/// The key argument's part of `args`, as the one-argument `mphf_index` takes it.
+fn key_args(args: ScalarFunctionArgs) -> Result<ScalarFunctionArgs> {
+    let ScalarFunctionArgs {
+        args: mut values,
+        arg_fields,
+        number_rows,
+        return_field,
+        config_options,
+    } = args;
+    match (values.len(), arg_fields.get(1)) {
+        (2, Some(field)) => Ok(ScalarFunctionArgs {
+            args: vec![values.remove(1)],
+            arg_fields: vec![Arc::clone(field)],
+            number_rows,
+            return_field,
+            config_options,
+        }),
+        (n, _) => internal_err!("{STORED_SLOTS_NAME} takes (slots, column), got {n} arguments"),
     }
 }
 
-impl fmt::Display for StoredSlotsExpr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} [stored slots]", self.lookup)
-    }
-}
-
-impl PhysicalExpr for StoredSlotsExpr {
-    fn return_field(&self, input_schema: &Schema) -> Result<FieldRef> {
-        self.lookup.return_field(input_schema)
+impl ScalarUDFImpl for MphfStoredSlotsFunc {
+    fn name(&self) -> &str {
+        STORED_SLOTS_NAME
     }
 
-    fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
-        let slots = self.slots.evaluate(batch)?.into_array(batch.num_rows())?;
-        match slots.as_any().downcast_ref::<UInt32Array>() {
-            Some(stored) if stored.null_count() == 0 => {
-                let valid: BooleanBuffer = stored.values().iter().map(|&s| s != NO_SLOT).collect();
-                let out = UInt32Array::new(stored.values().clone(), Some(NullBuffer::new(valid)));
-                Ok(ColumnarValue::Array(Arc::new(out)))
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        internal_err!("{STORED_SLOTS_NAME}: return_field_from_args must be used")
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        match (args.arg_fields, args.scalar_arguments) {
+            ([_, key], [_, key_scalar]) => MphfIndexFunc::new().return_field_from_args(ReturnFieldArgs {
+                arg_fields: std::slice::from_ref(key),
+                scalar_arguments: std::slice::from_ref(key_scalar),
+            }),
+            (fields, _) => internal_err!(
+                "{STORED_SLOTS_NAME} takes (slots, column), got {} arguments",
+                fields.len()
+            ),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        // Only a scan's slot column is trusted; anything else is looked up.
+        let from_scan = args.arg_fields.first().is_some_and(|f| f.name() == SCAN_SLOTS_COLUMN);
+        if let (true, Some(ColumnarValue::Array(slots))) = (from_scan, args.args.first()) {
+            if let Some(stored) = slots.as_any().downcast_ref::<UInt32Array>() {
+                if stored.null_count() == 0 {
+                    let valid: BooleanBuffer = stored.values().iter().map(|&s| s != NO_SLOT).collect();
+                    let out = UInt32Array::new(stored.values().clone(), Some(NullBuffer::new(valid)));
+                    return Ok(ColumnarValue::Array(Arc::new(out)));
+                }
             }
-            _ => self.lookup.evaluate(batch),
         }
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
-        vec![&self.slots, &self.lookup]
-    }
-
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn PhysicalExpr>>) -> Result<Arc<dyn PhysicalExpr>> {
-        match <[_; 2]>::try_from(children) {
-            Ok([slots, lookup]) => Ok(Arc::new(Self::new(slots, lookup))),
-            Err(c) => internal_err!("StoredSlotsExpr takes 2 children, got {}", c.len()),
-        }
-    }
-
-    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.lookup.fmt_sql(f)
+        MphfIndexFunc::new().invoke_with_args(key_args(args)?)
     }
 }
 
@@ -177,8 +208,18 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
                 pos
             }
         };
-        let slots = Arc::new(Column::new(SCAN_SLOTS_COLUMN, pos));
-        e.expr = Arc::new(StoredSlotsExpr::new(slots, Arc::clone(&e.expr)));
+        let (Some(key), Some(call)) = (indexed_column(&e.expr), e.expr.downcast_ref::<ScalarFunctionExpr>()) else {
+            continue;
+        };
+        let slots: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SCAN_SLOTS_COLUMN, pos));
+        let key: Arc<dyn PhysicalExpr> = Arc::new(key.clone());
+        let stored = ScalarFunctionExpr::try_new(
+            Arc::new(MphfStoredSlotsFunc::udf()),
+            vec![slots, key],
+            &input.schema(),
+            Arc::new(call.config_options().clone()),
+        )?;
+        e.expr = Arc::new(stored);
     }
     if attached.is_empty() {
         return Ok(None);
@@ -188,10 +229,7 @@ fn with_stored_slots(p: &ProjectionExec) -> Result<Option<ProjectionExec>> {
 
 impl PhysicalOptimizerRule for MphfStoredSlotsRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        // A distributed stage would carry `StoredSlotsExpr` through datafusion-distributed's
-        // composed codec, which (datafusion-proto 55) passes no custom physical expression on
-        // to ours: workers look the keys up instead (`plan::runs_distributed`).
-        if config.extensions.get::<MphfConfig>().is_none() || runs_distributed(config) {
+        if config.extensions.get::<MphfConfig>().is_none() {
             return Ok(plan);
         }
         plan.transform_up(|node| {
