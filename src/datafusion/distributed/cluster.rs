@@ -192,12 +192,19 @@ pub fn worker(
     Worker::from_session_builder(move |ctx: WorkerQueryContext| {
         let codec = MphfCodec::new(Arc::clone(&indexes), registry.clone());
         let channels = channels.clone();
+        let registry = registry.clone();
         async move {
-            let builder = ctx
+            let mut builder = ctx
                 .builder
                 .with_distributed_option_extension_from_headers::<MphfConfig>(&ctx.headers)?
                 .with_distributed_user_codec(codec)
                 .with_distributed_channel_resolver(channels);
+            // The decoded plan finds `mphf_index` among the session's functions before it asks
+            // the codec: the session's function must name indexes in `registry` too.
+            if let Some(registry) = registry {
+                let config = builder.config().take().unwrap_or_default();
+                *builder.config() = Some(config.with_extension(registry));
+            }
             Ok(with_mphf(builder).build())
         }
     })
