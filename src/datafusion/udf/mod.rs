@@ -1,5 +1,5 @@
-//! Functions of the extension: `mphf_index`, its answer from stored slots, and the routing and part-building functions of
-//! index builds on a cluster.
+//! Functions of the extension: `mphf_index`, its answer from stored slots, and the routing and
+//! part-building functions of index builds on a cluster.
 
 pub mod mphf_index;
 pub mod partitioned_build;
