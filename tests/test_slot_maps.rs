@@ -381,6 +381,11 @@ async fn mphf_index_over_the_scan_returns_the_stored_slots() {
         let limited = "SELECT seq, mphf_index(id) AS slot FROM ev ORDER BY seq LIMIT 5";
         let limited_lookup = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev ORDER BY seq LIMIT 5";
         assert_eq!(mphf_run(&ctx, limited).await.0, mphf_run(&ctx, limited_lookup).await.0);
+        // Called from SQL, the stored-slots function trusts no column but a scan's slot column:
+        // `seq` as UInt32 is not taken for slots, the key is looked up.
+        let forged = "SELECT seq, mphf_stored_slots(arrow_cast(seq, 'UInt32'), id) AS slot FROM ev";
+        let looked_up = "SELECT seq, mphf_index('ev_id', id) AS slot FROM ev";
+        assert_eq!(mphf_run(&ctx, forged).await.0, mphf_run(&ctx, looked_up).await.0);
     }
 }
 
