@@ -82,6 +82,29 @@ fn halves(batches: Vec<RecordBatch>) -> Vec<Vec<RecordBatch>> {
     vec![batches[..half].to_vec(), batches[half..].to_vec()]
 }
 
+/// Makes DataFusion plan every equi-join of `ctx` `Partitioned` (both sides shuffled by key).
+async fn plan_partitioned_joins(ctx: &MphfContext) {
+    setup_rows(ctx, "SET datafusion.optimizer.hash_join_single_partition_threshold = 0").await;
+    setup_rows(
+        ctx,
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+    )
+    .await;
+}
+
+/// A vanilla DataFusion session with the Parquet folders `tables` registered by name.
+async fn vanilla_parquet(tables: &[(&str, std::path::PathBuf)]) -> SessionContext {
+    let vanilla = SessionContext::new();
+    for (name, folder) in tables {
+        let folder = folder.display().to_string();
+        vanilla
+            .register_parquet(*name, &folder, ParquetReadOptions::default())
+            .await
+            .unwrap();
+    }
+    vanilla
+}
+
 /// Runs `sql` in `ctx` (a statement or a query), its rows.
 async fn setup_rows(ctx: &MphfContext, sql: &str) -> Vec<RecordBatch> {
     ctx.sql(sql).await.unwrap().collect().await.unwrap()
@@ -803,14 +826,7 @@ async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
     let sql = "SELECT k, 'label' || (x % 7) AS label FROM sparse WHERE x % 16 = 0";
     let batches = setup.sql(sql).await.unwrap().collect().await.unwrap();
     write_parts(&dims, &[batches]);
-    let vanilla = SessionContext::new();
-    for (name, folder) in [("sparse", dir.path().join("sparse")), ("dims", dims.clone())] {
-        let folder = folder.display().to_string();
-        vanilla
-            .register_parquet(name, &folder, ParquetReadOptions::default())
-            .await
-            .unwrap();
-    }
+    let vanilla = vanilla_parquet(&[("sparse", dir.path().join("sparse")), ("dims", dims.clone())]).await;
     let ctx = cluster(4, WorkerIndexes::in_process());
     sparse_parquet(&ctx, dir.path(), "sparse").await;
     ctx.register_parquet("dims", &dims.display().to_string()).await.unwrap();
@@ -857,16 +873,7 @@ async fn collect_form_joins_broadcast_their_build_side_to_every_task() {
 
     // DataFusion shuffles both sides of a `Partitioned` join by key; the collect form with a
     // broadcast build side reads the probe side where it lies.
-    setup_rows(
-        &ctx,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-    )
-    .await;
-    setup_rows(
-        &ctx,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-    )
-    .await;
+    plan_partitioned_joins(&ctx).await;
     let sql = "SELECT s.x, count(*) FROM dims d JOIN sparse s ON s.k = d.k GROUP BY s.x";
     setup_rows(&ctx, "SET mphf.enable_join = false").await;
     let vanilla_text = display_plan_ascii(plan_of(&ctx, sql).await.as_ref(), false);
@@ -894,14 +901,7 @@ async fn partitioned_joins_ship_scan_slots_only_for_keys_without_a_dense_table()
     let dense = dir.path().join("dense");
     let sql = "SELECT v AS k, v % 97 AS x, CAST(v AS DOUBLE) AS amount FROM generate_series(1, 40000) AS t(v)";
     write_parts(&dense, &halves(setup_rows(&setup, sql).await));
-    let vanilla = SessionContext::new();
-    for (name, folder) in [("sparse", dir.path().join("sparse")), ("dense", dense.clone())] {
-        let folder = folder.display().to_string();
-        vanilla
-            .register_parquet(name, &folder, ParquetReadOptions::default())
-            .await
-            .unwrap();
-    }
+    let vanilla = vanilla_parquet(&[("sparse", dir.path().join("sparse")), ("dense", dense.clone())]).await;
     let ctx = cluster(2, WorkerIndexes::in_process());
     sparse_parquet(&ctx, dir.path(), "sparse").await;
     ctx.register_parquet("dense", &dense.display().to_string())
@@ -909,16 +909,7 @@ async fn partitioned_joins_ship_scan_slots_only_for_keys_without_a_dense_table()
         .unwrap();
     ctx.sql("CREATE INDEX dense_k ON dense USING mphf (k)").await.unwrap();
     // Both sides shuffled by key: a `Partitioned` join.
-    setup_rows(
-        &ctx,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
-    )
-    .await;
-    setup_rows(
-        &ctx,
-        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
-    )
-    .await;
+    plan_partitioned_joins(&ctx).await;
     for (table, ships_slots) in [("sparse", true), ("dense", false)] {
         let sql = format!("SELECT a.x, count(*), sum(b.amount) FROM {table} a JOIN {table} b ON a.k = b.k WHERE b.x < 60 GROUP BY a.x");
         let df = ctx.sql(&sql).await.unwrap();
