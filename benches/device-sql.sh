@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | joinsab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -26,6 +26,34 @@ if [ "$PART" = clustered ]; then
     log "$b: bench groupby SF 10"
     timeout 150 "${!b}" bench groupby --scale 10 --runs 3 --markdown --only "GROUP BY l_orderkey" \
       >> "$OUT/clustered_$b.md" 2>&1
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = joinsab ]; then
+  # Slot tables by position among few occupied slots (session 38): the TPC-H join suite at SF 1
+  # on all cores, BASE, BIN, and BIN with one-for-one Partitioned joins on any partition count
+  # (join_partitioned_max_partitions = 0), alternating in three processes each; then TPC-H
+  # Q1-Q22 at SF 1, BASE and BIN alternating in two processes each.
+  BASE=${4:?base binary}
+  for p in 1 2 3; do
+    for b in BASE BIN TUNED; do
+      log "$b: bench join SF 1, process $p"
+      echo "### $b, process $p" >> "$OUT/joins_ab.md"
+      case $b in
+        TUNED) timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown --tune join_partitioned_max_partitions=0 \
+                 >> "$OUT/joins_ab.md" 2>&1 ;;
+        *) timeout 100 "${!b}" bench join --scale 1 --runs 5 --markdown >> "$OUT/joins_ab.md" 2>&1 ;;
+      esac
+    done
+  done
+  for p in 1 2; do
+    for b in BASE BIN; do
+      log "$b: bench tpch SF 1, process $p"
+      echo "### $b, process $p" >> "$OUT/tpch_ab.md"
+      timeout 150 "${!b}" bench tpch --scale 1 --runs 5 --markdown >> "$OUT/tpch_ab.md" 2>&1
+    done
   done
   log "done"
   exit 0

@@ -103,7 +103,7 @@ async fn joins_match_vanilla_on_two_partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_joins_match_vanilla_on_sixteen_partitions() {
     check_all(16, true).await;
-    // By default 16 per-partition slot tables are declined (each is sized by the whole index).
+    // By default 16 per-partition slot tables are declined (each spans the whole index).
     let ctx = setup(16, true).await;
     let sql = "SELECT d.id, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.id ORDER BY 2 DESC, 1 LIMIT 20";
     let plan = compare(&ctx, sql).await;
@@ -305,6 +305,36 @@ async fn explain_analyze_shows_build_and_lookup_metrics() {
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_build_sides_lay_out_their_table_by_position() {
+    let ctx = setup(2, false).await;
+    // fact.id has 9,000 slots. Every 50th fact row is 600 build rows whose ids repeat (fid and
+    // fid + 9,000 share one), the first 180 of them have distinct ids: both occupy fewer than a
+    // quarter of the slots. The index says fact.id repeats; the ranked form counts exactly.
+    for (filter, csr) in [("fid % 50 = 0", 1), ("fid % 50 = 0 AND fid <= 9000", 0)] {
+        let sql = format!(
+            "SELECT count(*), sum(b.bid), sum(f.v) FROM big b JOIN (SELECT * FROM fact WHERE {filter}) f ON b.k = f.id"
+        );
+        compare(&ctx, &sql).await;
+        let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
+        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        for needle in [
+            "MphfJoinExec",
+            "build_ranked_layout=1",
+            &format!("build_csr_layout={csr}"),
+        ] {
+            assert!(text.contains(needle), "missing {needle}:\n{text}");
+        }
+    }
+    // The whole of fact fills the table by slot.
+    let df = ctx
+        .sql("EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN fact f ON b.k = f.id")
+        .await
+        .unwrap();
+    let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+    assert!(text.contains("build_ranked_layout=0"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

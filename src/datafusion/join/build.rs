@@ -11,6 +11,12 @@
 //!   slot that receives a second row, so a key that turns out not to be unique on the build
 //!   side (a filtered join result, a stale index) still joins correctly.
 //!
+//! Either layout is indexed by slot when the build rows fill many of the index's slots, and by
+//! position among the occupied slots ([`RankedSlots`]) when at most one slot in
+//! [`RANKED_FILL_RATIO`] holds a build row: a partition of a `Partitioned` join, a filtered
+//! build side. The ranked form sweeps 16 bytes per 64 slots instead of 4 bytes per slot, and
+//! its exact count of occupied slots tells up front whether the unique layout fits.
+//!
 //! Build rows whose key is non-NULL but not in the index (possible only when the index is
 //! stale) go to [`BuildSide::strays`], looked up by value; NULL keys never match
 //! (`NullEquality::NullEqualsNothing`, the only mode the rule accepts).
@@ -46,6 +52,7 @@ use ::datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
 use rayon::prelude::*;
 
+use super::ranked::RankedSlots;
 use crate::core::column::ColumnIndex;
 use crate::core::column::ABSENT;
 use crate::datafusion::error::to_df;
@@ -54,7 +61,35 @@ use crate::datafusion::slot_scan::scan_slots_of;
 /// Marks a slot without a build row in [`SlotRows::Unique`].
 pub const NO_ROW: u32 = u32::MAX;
 
-/// The slot → build rows table.
+/// The slot table is laid out by position among the occupied slots ([`RankedSlots`]) when
+/// the build rows occupy at most one slot in this many; by slot otherwise. At a quarter full,
+/// the ranked form's bits and counts (0.25 bytes a slot) plus its rows (4 bytes a build row)
+/// take less than a third of the dense table's 4 bytes a slot, and a probe that misses reads
+/// only the bits.
+pub const RANKED_FILL_RATIO: usize = 4;
+
+/// Whether the slot table of `members` build rows among `n_slots` slots is laid out by position
+/// among the occupied slots ([`RANKED_FILL_RATIO`]).
+pub fn ranked_layout(members: usize, n_slots: usize) -> bool {
+    members.saturating_mul(RANKED_FILL_RATIO) <= n_slots
+}
+
+/// What the slot table of about `members` build rows among `n_slots` slots sweeps whatever its
+/// rows, in slots of a table laid out by slot (4 bytes each): all `n_slots`, or the ranked
+/// form's bits and counts (for the cost model).
+pub fn swept_slots(members: f64, n_slots: f64) -> f64 {
+    // Saturating float-to-int casts: absurd estimates price as a table by slot.
+    match ranked_layout(members as usize, n_slots as usize) {
+        true => RankedSlots::size_for(n_slots as usize) as f64 / 4.0,
+        false => n_slots,
+    }
+}
+
+/// Build rows whose non-NULL key is not in the index, by key.
+pub type Strays = HashMap<ScalarValue, Vec<u32>>;
+
+/// The slot → build rows table, indexed by slot, or by position among the occupied slots
+/// when [`BuildSide::is_ranked`] (a "slot" `s` below is then that position).
 #[derive(Debug)]
 pub enum SlotRows {
     /// `rows[slot]` is the only build row of the slot, or [`NO_ROW`].
@@ -105,10 +140,12 @@ pub struct BuildSide {
     pub stored_slot_rows: usize,
     /// All build rows.
     pub batch: RecordBatch,
-    /// Slot → build rows.
+    /// Slot (or position, see `ranked`) → build rows.
     pub table: SlotRows,
+    /// The occupied slots, when `table` is indexed by position among them.
+    ranked: Option<RankedSlots>,
     /// Build rows whose non-NULL key is not in the index, by key.
-    pub strays: HashMap<ScalarValue, Vec<u32>>,
+    pub strays: Strays,
     /// The other join keys evaluated on the build rows (residual equalities), in `on` order
     /// without the indexed key.
     pub residual_keys: Vec<ArrayRef>,
@@ -197,9 +234,9 @@ impl BuildSide {
         }
         let n_slots = usize::try_from(index.len())
             .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
-        reservation.try_grow(n_slots * 4)?;
         let keys_repeat = index.stats().had_duplicates();
-        let (table, strays) = lay_out(&slots, keys.as_ref(), n_slots, keys_repeat, &mut reservation)?;
+        let (table, strays, ranked) = slot_table(&slots, keys.as_ref(), n_slots, keys_repeat, &mut reservation)?;
+        drop(slots);
         let residual_keys = residual
             .iter()
             .map(|e| e.evaluate(&batch)?.into_array(rows))
@@ -210,7 +247,8 @@ impl BuildSide {
         } else {
             Vec::new()
         };
-        reservation.try_resize(batch.get_array_memory_size() + table.size() + visited.len() * 8)?;
+        let ranked_size = ranked.as_ref().map_or(0, RankedSlots::size);
+        reservation.try_resize(batch.get_array_memory_size() + table.size() + ranked_size + visited.len() * 8)?;
         let timings = BuildTimings {
             input: input_done - start,
             slots: slots_done - input_done,
@@ -221,6 +259,7 @@ impl BuildSide {
             stored_slot_rows,
             batch,
             table,
+            ranked,
             strays,
             residual_keys,
             visited,
@@ -229,11 +268,35 @@ impl BuildSide {
         })
     }
 
-    /// The build row of each slot ([`NO_ROW`]: none), when no slot has two.
-    pub fn unique_rows(&self) -> Option<&[u32]> {
-        match &self.table {
-            SlotRows::Unique(rows) => Some(rows),
-            SlotRows::Multi { .. } => None,
+    /// Whether `table` is indexed by position among the occupied slots.
+    pub fn is_ranked(&self) -> bool {
+        self.ranked.is_some()
+    }
+
+    /// Whether no slot has two build rows ([`BuildSide::only_row`] answers).
+    pub fn is_unique(&self) -> bool {
+        matches!(self.table, SlotRows::Unique(_))
+    }
+
+    /// The build row of `slot` when the table is unique; [`NO_ROW`] when the slot has none, or
+    /// is not a slot of the index, or the table is not unique.
+    #[inline]
+    pub fn only_row(&self, slot: u64) -> u32 {
+        let SlotRows::Unique(rows) = &self.table else {
+            return NO_ROW;
+        };
+        self.table_index(slot)
+            .and_then(|at| rows.get(at as usize).copied())
+            .unwrap_or(NO_ROW)
+    }
+
+    /// Where `slot`'s build rows are in [`BuildSide::table`]: the slot itself, or its position
+    /// among the occupied slots (`None`: it holds no build row).
+    #[inline]
+    fn table_index(&self, slot: u64) -> Option<u64> {
+        match &self.ranked {
+            None => Some(slot),
+            Some(ranked) => ranked.position(slot),
         }
     }
 
@@ -246,6 +309,9 @@ impl BuildSide {
     /// `out`, with `probe_row` to `probes`.
     #[inline]
     pub fn matches(&self, slot: u64, probe_row: u32, out: &mut Vec<u32>, probes: &mut Vec<u32>) {
+        let Some(slot) = self.table_index(slot) else {
+            return;
+        };
         match &self.table {
             SlotRows::Unique(rows) => {
                 let r = rows[slot as usize];
@@ -367,6 +433,33 @@ fn parallel_slots(index: &ColumnIndex, keys: &ArrayRef) -> Result<Vec<u64>> {
     Ok(slots)
 }
 
+/// The slot table of the build rows' `slots` among the index's `n_slots`: by slot, or by
+/// position among the occupied slots when at most one slot in [`RANKED_FILL_RATIO`] is
+/// occupied (see the module docs); with the strays of [`lay_out`].
+fn slot_table(
+    slots: &[u64],
+    keys: &dyn Array,
+    n_slots: usize,
+    keys_repeat: bool,
+    reservation: &mut MemoryReservation,
+) -> Result<(SlotRows, Strays, Option<RankedSlots>)> {
+    let members = slots.par_iter().filter(|&&s| s != ABSENT).count();
+    if !ranked_layout(members, n_slots) {
+        reservation.try_grow(n_slots * 4)?;
+        let (table, strays) = lay_out(slots, keys, n_slots, keys_repeat, reservation)?;
+        return Ok((table, strays, None));
+    }
+    // Bits and counts, each row's position, then a unique table of `members` entries (the CSR
+    // layout reserves its own).
+    reservation.try_grow(RankedSlots::size_for(n_slots) + slots.len() * 8 + members * 4)?;
+    let ranked = RankedSlots::mark(slots, n_slots);
+    let positions = ranked.positions_of(slots);
+    // Known exactly here: some slot holds two rows when fewer slots than rows are occupied.
+    let repeated = ranked.occupied() < members;
+    let (table, strays) = lay_out(&positions, keys, ranked.occupied(), repeated, reservation)?;
+    Ok((table, strays, Some(ranked)))
+}
+
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
 /// Where the indexed table's keys repeat (`keys_repeat`), the build goes straight to the CSR
 /// layout; otherwise the unique layout is tried first, and a slot found twice (a stale index,
@@ -377,8 +470,8 @@ fn lay_out(
     n_slots: usize,
     keys_repeat: bool,
     reservation: &mut MemoryReservation,
-) -> Result<(SlotRows, HashMap<ScalarValue, Vec<u32>>)> {
-    let mut strays: HashMap<ScalarValue, Vec<u32>> = HashMap::new();
+) -> Result<(SlotRows, Strays)> {
+    let mut strays = Strays::new();
     let nulls = keys.logical_nulls();
     for (r, _) in slots.iter().enumerate().filter(|(_, &s)| s == ABSENT) {
         if nulls.as_ref().is_none_or(|n| n.is_valid(r)) {
@@ -469,6 +562,48 @@ mod tests {
                 SlotRows::Multi { offsets, rows } => rows[offsets[s] as usize..offsets[s + 1] as usize].to_vec(),
             })
             .collect()
+    }
+
+    /// Each slot's rows read back through [`slot_table`]'s layout, and whether it was ranked.
+    fn slot_table_rows(slots: &[u64], n_slots: usize, keys_repeat: bool) -> (Vec<Vec<u32>>, &'static str, bool) {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 24));
+        let mut reservation = MemoryConsumer::new("test").register(&pool);
+        let keys = Int64Array::from_iter_values(slots.iter().map(|&s| s as i64));
+        let (table, _, ranked) = slot_table(slots, &keys, n_slots, keys_repeat, &mut reservation).unwrap();
+        let positions = ranked.as_ref().map_or(n_slots, RankedSlots::occupied);
+        let by_position = rows_by_slot(&table, positions);
+        let rows = (0..n_slots as u64)
+            .map(|s| match &ranked {
+                None => by_position[s as usize].clone(),
+                Some(r) => r.position(s).map_or_else(Vec::new, |p| by_position[p as usize].clone()),
+            })
+            .collect();
+        (rows, table.layout(), ranked.is_some())
+    }
+
+    #[test]
+    fn sparse_build_sides_index_their_table_by_position_with_the_same_rows() {
+        let n_slots = 1000;
+        // At most a quarter of the slots occupied: ranked; the rows of every slot as when the
+        // same slots fill a table indexed by slot (`lay_out` directly).
+        let unique: Vec<u64> = vec![997, 3, ABSENT, 64, 500, 0];
+        let repeated: Vec<u64> = vec![64, 3, 997, 3, ABSENT, 64, 64];
+        for (slots, layout) in [(&unique, "unique"), (&repeated, "csr")] {
+            let direct = rows_by_slot(&layout_of(slots, n_slots, true), n_slots);
+            // The ranked form finds the repeat itself, whatever the index says.
+            for keys_repeat in [false, true] {
+                let (rows, got_layout, ranked) = slot_table_rows(slots, n_slots, keys_repeat);
+                assert!(ranked);
+                assert_eq!(got_layout, layout);
+                assert_eq!(rows, direct);
+            }
+        }
+        // More than a quarter occupied: indexed by slot.
+        let dense: Vec<u64> = (0..8).rev().collect();
+        let (rows, layout, ranked) = slot_table_rows(&dense, 10, false);
+        assert!(!ranked);
+        assert_eq!(layout, "unique");
+        assert_eq!(rows, rows_by_slot(&layout_of(&dense, 10, false), 10));
     }
 
     #[test]

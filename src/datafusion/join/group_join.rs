@@ -474,9 +474,9 @@ impl Fused {
         if !self.direct || !build.strays.is_empty() {
             return Ok(None);
         }
-        let Some(rows) = build.unique_rows() else {
+        if !build.is_unique() {
             return Ok(None);
-        };
+        }
         let mut guard = self.slot_groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((side, made)) = guard.as_ref() {
             if side.upgrade().is_some_and(|s| Arc::ptr_eq(&s, build)) {
@@ -484,7 +484,7 @@ impl Fused {
             }
         }
         let made = match prober.translation_table() {
-            Some(translation) => Some(Arc::new(SlotGroups::make(&translation, rows, &groups.group_of, pool)?)),
+            Some(translation) => Some(Arc::new(SlotGroups::make(&translation, build, &groups.group_of, pool)?)),
             None => None,
         };
         *guard = Some((Arc::downgrade(build), made.clone()));
@@ -513,13 +513,18 @@ struct SlotGroups {
 }
 
 impl SlotGroups {
-    /// Composes `translation`, the build side's unique `rows` by slot and `group_of` by row.
-    fn make(translation: &SlotTranslation, rows: &[u32], group_of: &[u32], pool: &Arc<dyn MemoryPool>) -> Result<Self> {
+    /// Composes `translation`, the unique `build` side's row of each slot and `group_of` by row.
+    fn make(
+        translation: &SlotTranslation,
+        build: &BuildSide,
+        group_of: &[u32],
+        pool: &Arc<dyn MemoryPool>,
+    ) -> Result<Self> {
         let reservation = MemoryConsumer::new("MphfGroupJoinExec[slot groups]").register(pool);
         reservation.try_grow(translation.len() * 4)?;
-        let group_of_slot = translation.then_map(|slot| match rows.get(slot as usize) {
-            Some(&row) if row != NO_ROW => group_of.get(row as usize).copied().unwrap_or(NO_BUILD_ROW),
-            _ => NO_BUILD_ROW,
+        let group_of_slot = translation.then_map(|slot| match build.only_row(u64::from(slot)) {
+            NO_ROW => NO_BUILD_ROW,
+            row => group_of.get(row as usize).copied().unwrap_or(NO_BUILD_ROW),
         });
         Ok(Self {
             group_of_slot,

@@ -17,7 +17,10 @@
 //!     per partition; co-partitioning guarantees a probe key meets only its own partition).
 //! - The slot table is [`SlotRows::Unique`] (one row per slot) while the key is unique on the
 //!   build side — known up front from the index's build counts, and checked as rows arrive —
-//!   and [`SlotRows::Multi`] (CSR) otherwise, so duplicates never give wrong answers.
+//!   and [`SlotRows::Multi`] (CSR) otherwise, so duplicates never give wrong answers. A build
+//!   side that occupies few of the index's slots (a `Partitioned` join's partition, a filtered
+//!   build) indexes its table by position among the occupied slots instead of by slot, so that
+//!   no table of every slot is swept per partition (`build`'s module docs).
 //! - Other equi-keys are a residual equality check on the candidate pairs, then the join
 //!   filter; the join type decides what is emitted ([`probe`]).
 //!
@@ -33,6 +36,7 @@ pub mod build;
 mod group_count;
 pub mod group_join;
 pub mod probe;
+mod ranked;
 mod read_ahead;
 pub mod rule;
 mod scan_slots;
@@ -182,6 +186,7 @@ impl MphfJoinExec {
         let build_time = MetricBuilder::new(&self.metrics).subset_time("build_time", partition);
         let build_rows = MetricBuilder::new(&self.metrics).counter("build_rows", partition);
         let csr = MetricBuilder::new(&self.metrics).counter("build_csr_layout", partition);
+        let ranked = MetricBuilder::new(&self.metrics).counter("build_ranked_layout", partition);
         let strays = MetricBuilder::new(&self.metrics).counter("build_stray_rows", partition);
         let stored = MetricBuilder::new(&self.metrics).counter("build_stored_slot_rows", partition);
         let input_time = MetricBuilder::new(&self.metrics).subset_time("build_input_time", partition);
@@ -207,6 +212,7 @@ impl MphfJoinExec {
             layout_time.add_duration(side.timings.layout);
             build_rows.add(side.rows());
             csr.add(matches!(side.table, SlotRows::Multi { .. }) as usize);
+            ranked.add(side.is_ranked() as usize);
             strays.add(side.strays.values().map(Vec::len).sum());
             stored.add(side.stored_slot_rows);
             Ok(Arc::new(side))

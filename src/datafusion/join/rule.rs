@@ -47,9 +47,12 @@
 //!   slots are translated, not looked up.
 //! - Decline the one-for-one form of a `Partitioned` join beyond
 //!   `Tuning::join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
-//!   is sized by the whole index while holding 1/P of its keys, so many of them lose to
-//!   DataFusion's per-partition hash tables. Under a `SinglePartitioned` aggregate the collect
-//!   form keeps the probe side's hash repartition instead (one shared slot table).
+//!   spans the whole index while holding 1/P of its keys, so many of them lost to DataFusion's
+//!   per-partition hash tables. The limit was measured with tables laid out by slot; a table of
+//!   few occupied slots is laid out by position among them (`build`, priced by the cost model),
+//!   and the limit has not been measured on many cores since. Under a `SinglePartitioned`
+//!   aggregate the collect form keeps the probe side's hash repartition instead (one shared slot
+//!   table).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated for the join DataFusion runs, the one
@@ -85,6 +88,7 @@ use ::datafusion::physical_plan::sorts::sort::SortExec;
 use ::datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions};
 
+use super::build::swept_slots;
 use super::group_count;
 use super::group_join::group_join_shape;
 use super::scan_slots::{slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots};
@@ -376,13 +380,19 @@ fn estimate_of(
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
     let probe_rows = costing.rows.rows(join.right()).unwrap_or(build_rows);
+    let threads = join.right().output_partitioning().partition_count().max(1);
+    // A partitioned build lays out one table per partition, of its share of the rows.
+    let rows_per_table = match builds_once(join) {
+        true => build_rows,
+        false => build_rows / threads as f64,
+    };
     let shape = JoinShape {
         build_rows,
-        slots: handle.index().len() as f64,
+        table_slots: swept_slots(rows_per_table, handle.index().len() as f64),
         probe_rows,
         hash_build_rows: costing.rows.rows(vanilla.left()).unwrap_or(build_rows),
         hash_probe_rows: costing.rows.rows(vanilla.right()).unwrap_or(probe_rows),
-        threads: join.right().output_partitioning().partition_count().max(1),
+        threads,
         key: match handle.index().key_type().width() {
             Some(_) => KeyKind::Fixed,
             None => KeyKind::Bytes,
@@ -457,8 +467,8 @@ pub(crate) fn candidates(
     if costing.yield_to_array_map && vanilla_uses_array_map(vanilla, key, &handle, costing) {
         return unpriced("DataFusion runs this join with its dense-integer ArrayMap, one array read per row".into());
     }
-    // One for one, a `Partitioned` join builds a slot table per partition, each sized by the
-    // whole index while holding 1/P of its keys.
+    // One for one, a `Partitioned` join builds a slot table per partition, each spanning the
+    // whole index while holding 1/P of its keys (see the module docs).
     let tables_pay =
         collect_left || costing.partitioned_max_partitions == 0 || partitions <= costing.partitioned_max_partitions;
     // A probe key with slot maps hands over its slots from the scan (translated, no lookup).

@@ -61,7 +61,7 @@ pub struct Tuning {
     /// partitions; beyond, the join keeps its partitions. 0: no limit.
     pub join_collect_max_partitions: usize,
     /// JOIN: a `Partitioned` join that must keep its form runs on slots only up to this many
-    /// partitions (each partition's slot table is sized by the whole index). 0: any.
+    /// partitions (each partition's slot table spans the whole index). 0: any.
     pub join_partitioned_max_partitions: usize,
     /// JOIN: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
     pub join_yield_to_array_map: bool,
