@@ -47,10 +47,9 @@
 //!   slots are translated, not looked up.
 //! - Decline the one-for-one form of a `Partitioned` join beyond
 //!   `Tuning::join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
-//!   spans the whole index while holding 1/P of its keys, so many of them lost to DataFusion's
-//!   per-partition hash tables. The limit was measured with tables laid out by slot; a table of
-//!   few occupied slots is laid out by position among them (`build`, priced by the cost model),
-//!   and the limit has not been measured on many cores since. Under a `SinglePartitioned`
+//!   spans the whole index while holding 1/P of its keys, so many of them lose to DataFusion's
+//!   per-partition hash tables. That holds with tables of few occupied slots laid out by position
+//!   among them too (`build`; benches/RESULTS.md, session 38). Under a `SinglePartitioned`
 //!   aggregate the collect form keeps the probe side's hash repartition instead (one shared slot
 //!   table).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
