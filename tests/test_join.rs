@@ -44,6 +44,12 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
     ctx
 }
 
+/// The text of `EXPLAIN ANALYZE sql` (the plan with its metrics).
+async fn explain_analyze(ctx: &MphfContext, sql: &str) -> String {
+    let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
+    pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string()
+}
+
 /// Runs `sql` with the rule off and on, asserts equal results and returns the MPHF plan.
 async fn compare(ctx: &MphfContext, sql: &str) -> String {
     ctx.sql("SET mphf.enable_join = false").await.unwrap();
@@ -251,11 +257,7 @@ async fn indexed_probe_keys_translate_their_slots() {
                 "{partitions} partitions, {sql}:\n{plan}"
             );
         }
-        let df = ctx
-            .sql("EXPLAIN ANALYZE SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname")
-            .await
-            .unwrap();
-        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        let text = explain_analyze(&ctx, "SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname").await;
         assert!(text.contains("probe_translated_rows=30.00 K"), "{text}");
         let kept = ["translations_made=0,", "translations_made=0]"];
         assert!(
@@ -269,11 +271,7 @@ async fn indexed_probe_keys_translate_their_slots() {
         ] {
             ctx.sql(sql).await.unwrap().collect().await.unwrap();
         }
-        let df = ctx
-            .sql("EXPLAIN ANALYZE SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname")
-            .await
-            .unwrap();
-        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        let text = explain_analyze(&ctx, "SELECT count(*) FROM fact f JOIN dimv d ON f.name = d.vname").await;
         let made_once = ["translations_made=1,", "translations_made=1]"];
         assert!(made_once.iter().any(|m| text.contains(m)), "{text}");
         assert!(text.contains("probe_translated_rows=30.00 K"), "{text}");
@@ -289,11 +287,7 @@ async fn indexed_probe_keys_translate_their_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_analyze_shows_build_and_lookup_metrics() {
     let ctx = setup(2, false).await;
-    let df = ctx
-        .sql("EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN fact f ON b.k = f.id")
-        .await
-        .unwrap();
-    let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+    let text = explain_analyze(&ctx, "SELECT count(*) FROM big b JOIN fact f ON b.k = f.id").await;
     for needle in [
         "MphfJoinExec",
         "index=fact.id",
@@ -318,8 +312,7 @@ async fn sparse_build_sides_lay_out_their_table_by_position() {
             "SELECT count(*), sum(b.bid), sum(f.v) FROM big b JOIN (SELECT * FROM fact WHERE {filter}) f ON b.k = f.id"
         );
         compare(&ctx, &sql).await;
-        let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
-        let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+        let text = explain_analyze(&ctx, &sql).await;
         for needle in [
             "MphfJoinExec",
             "build_ranked_layout=1",
@@ -329,11 +322,7 @@ async fn sparse_build_sides_lay_out_their_table_by_position() {
         }
     }
     // The whole of fact fills the table by slot.
-    let df = ctx
-        .sql("EXPLAIN ANALYZE SELECT count(*) FROM big b JOIN fact f ON b.k = f.id")
-        .await
-        .unwrap();
-    let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+    let text = explain_analyze(&ctx, "SELECT count(*) FROM big b JOIN fact f ON b.k = f.id").await;
     assert!(text.contains("build_ranked_layout=0"), "{text}");
 }
 
@@ -479,8 +468,7 @@ async fn a_group_join_reads_groups_by_the_probe_slot() {
                 plan.contains("MphfGroupJoinExec"),
                 "{partitions} partitions: {sql}\n{plan}"
             );
-            let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
-            let text = pretty_format_batches(&df.collect().await.unwrap()).unwrap().to_string();
+            let text = explain_analyze(&ctx, sql).await;
             assert_eq!(
                 by_slot(&text).as_deref(),
                 Some(expected),
