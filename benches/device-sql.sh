@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | joinsab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -53,6 +53,26 @@ if [ "$PART" = joinsab ]; then
       log "$b: bench tpch SF 1, process $p"
       echo "### $b, process $p" >> "$OUT/tpch_ab.md"
       timeout 150 "${!b}" bench tpch --scale 1 --runs 5 --markdown >> "$OUT/tpch_ab.md" 2>&1
+    done
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = distab ]; then
+  # Issue 20 on all cores: TPC-H Q1-Q22 at SF 1 over Parquet on an in-memory cluster of 4
+  # workers (benches/distributed_tpch.py, MPHF on and off in the same processes), BASE and BIN
+  # alternating, two rounds of two processes each.
+  BASE=${4:?base binary}
+  DATA=/tmp/tpch1
+  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
+  for round in 1 2; do
+    for b in BASE BIN; do
+      log "$b: distributed TPC-H SF 1, 4 workers, round $round"
+      echo "### $b, round $round" >> "$OUT/dist_ab.md"
+      timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "${!b}" "$DATA" --workers 4 --processes 2 --runs 3 \
+        >> "$OUT/dist_ab.md" 2>&1
+      echo "exit $?" >> "$OUT/dist_ab.md"
     done
   done
   log "done"
