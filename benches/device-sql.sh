@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -53,6 +53,69 @@ if [ "$PART" = joinsab ]; then
       log "$b: bench tpch SF 1, process $p"
       echo "### $b, process $p" >> "$OUT/tpch_ab.md"
       timeout 150 "${!b}" bench tpch --scale 1 --runs 5 --markdown >> "$OUT/tpch_ab.md" 2>&1
+    done
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = p16ab ]; then
+  # One-for-one Partitioned joins on slots on 16 partitions (session 39): BASE and BIN with
+  # every partition building its own slot table (join_partitioned_max_partitions=0), and BIN
+  # with the default limit, alternating in three processes; an EXPLAIN ANALYZE of each build
+  # with the limit off; TPC-H Q1-Q22 with BIN, limit off and default, two processes each; then
+  # TPC-H on an in-memory cluster of 4 workers (benches/distributed_tpch.py), BIN with the
+  # limit off and default, two processes each.
+  BASE=${4:?base binary}
+  LIMIT0="--tune join_partitioned_max_partitions=0"
+  for p in 1 2 3; do
+    for run in BASE BIN BIN_DEFAULT; do
+      log "$run: bench join SF 1, process $p"
+      echo "### $run, process $p" >> "$OUT/p16_join.md"
+      case $run in
+        BIN_DEFAULT) timeout 100 "$BIN" bench join --scale 1 --runs 5 --markdown >> "$OUT/p16_join.md" 2>&1 ;;
+        *) timeout 100 "${!run}" bench join --scale 1 --runs 5 --markdown $LIMIT0 >> "$OUT/p16_join.md" 2>&1 ;;
+      esac
+    done
+  done
+  for b in BASE BIN; do
+    log "$b: bench join SF 1 EXPLAIN ANALYZE, limit off"
+    timeout 60 "${!b}" bench join --scale 1 --runs 3 --explain --only "lineitem ⋈ orders" --only "customer (custkey)" \
+      $LIMIT0 > "$OUT/p16_explain_$b.txt" 2>&1
+  done
+  for p in 1 2; do
+    for tune in "$LIMIT0" ""; do
+      log "BIN: bench tpch SF 1 ${tune:-default}, process $p"
+      echo "### ${tune:-default}, process $p" >> "$OUT/p16_tpch.md"
+      timeout 150 "$BIN" bench tpch --scale 1 --runs 5 --markdown $tune >> "$OUT/p16_tpch.md" 2>&1
+    done
+  done
+  DATA=/tmp/tpch1
+  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
+  for tune in "join_partitioned_max_partitions=0" ""; do
+    log "BIN: distributed TPC-H SF 1, 4 workers, ${tune:-default}"
+    echo "### ${tune:-default}" >> "$OUT/p16_dist.md"
+    timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$DATA" --workers 4 --processes 2 --runs 3 \
+      ${tune:+--tune $tune} >> "$OUT/p16_dist.md" 2>&1
+    echo "exit $?" >> "$OUT/p16_dist.md"
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = p16tpch ]; then
+  # TPC-H SF 1 over Parquet on all cores with BIN's one-for-one Partitioned joins on any
+  # partition count (join_partitioned_max_partitions=0) and with the limit of 4, alternating
+  # (benches/distributed_tpch.py): in one process (--workers 0), then on 4 in-memory workers.
+  DATA=/tmp/tpch1
+  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
+  for workers in 0 4; do
+    for tune in "join_partitioned_max_partitions=0" "join_partitioned_max_partitions=4"; do
+      log "BIN: TPC-H SF 1, $workers workers, $tune"
+      echo "### $workers workers, $tune" >> "$OUT/p16_tpch_$workers.md"
+      timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$DATA" --workers $workers --processes 2 \
+        --runs 3 --tune $tune >> "$OUT/p16_tpch_$workers.md" 2>&1
+      echo "exit $?" >> "$OUT/p16_tpch_$workers.md"
     done
   done
   log "done"

@@ -3,13 +3,15 @@
 (`mphf sql --workers N`), with the MPHF operators on and off, in the same processes.
 
 Usage: benches/distributed_tpch.py BIN DATA_DIR [--workers N] [--processes P] [--runs R]
+       [--tune NAME=VALUE ...]
 
 DATA_DIR holds the eight tables as `<table>.parquet` (made with `BIN tpch --scale SF --output
 DATA_DIR` when missing). Each process registers the tables (the first one builds and saves the
 indexes of `sql-tests/tpch_queries.slt`, later ones load them), then runs every query R times
 with the operators on and R times with them off, interleaved. Prints a markdown table of the
 median of all timed runs (the first run of each query and mode in a process is a warm-up) and
-the ratio off/on, and checks that both modes gave the same row count.
+the ratio off/on, and checks that both modes gave the same row count. `--tune` changes one of
+the MPHF planner's thresholds (`mphf sql --tune`) in every process.
 """
 import argparse
 import pathlib
@@ -36,6 +38,7 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--processes", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tune", action="append", default=[], metavar="NAME=VALUE")
     a = ap.parse_args()
     data = pathlib.Path(a.data)
     if not (data / "lineitem.parquet").exists():
@@ -59,7 +62,8 @@ def main():
                     cmds += ["-c", sql]
                     order.append((q, mode, r))
         out = subprocess.run(
-            [a.bin, "sql", "--workers", str(a.workers), "--format", "csv", *tables, *cmds],
+            [a.bin, "sql", "--workers", str(a.workers), "--format", "csv", *tables,
+             *[f"--tune={t}" for t in a.tune], *cmds],
             capture_output=True,
             text=True,
         )

@@ -413,6 +413,58 @@ fn sql_on_stale_and_memory_limit_flags() {
     assert!(out.contains("100000"), "{out}");
 }
 
+/// `mphf sql --tune` changes a planner threshold before the statements run (the threshold a
+/// join is declined by shows the tuned value); bad pairs, and `--tune` without the extension,
+/// are refused with clear errors.
+#[test]
+fn sql_tune_sets_a_planner_threshold() {
+    let files = Files::new();
+    let data = folder_table(&files);
+    write_parquet(
+        Path::new(&data),
+        vec![("id", Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef)],
+    );
+    let table = format!("t={}", files.path("t"));
+    let create = "CREATE INDEX t_id ON t USING mphf (id)";
+    let explain = "EXPLAIN SELECT count(*) FROM t a JOIN t b ON a.id = b.id";
+    for (tune, reason) in [
+        (None, "1000 slots, fewer than join_min_slots (4096)"),
+        (
+            Some("join_min_slots=5000"),
+            "1000 slots, fewer than join_min_slots (5000)",
+        ),
+    ] {
+        let mut args = vec!["sql", "-q", "--table", &table];
+        if let Some(t) = tune {
+            args.extend(["--tune", t]);
+        }
+        args.extend(["-c", create, "-c", explain]);
+        let plan = ok(&args);
+        assert!(plan.contains(reason), "{tune:?}: {plan}");
+    }
+    for (args, message) in [
+        (
+            vec!["--tune", "join_min_slots"],
+            "--tune takes NAME=VALUE, got \"join_min_slots\"",
+        ),
+        (
+            vec!["--tune", "no_such=1"],
+            "no planner threshold or cost constant named \"no_such\"",
+        ),
+        (
+            vec!["--tune", "join_min_slots=many"],
+            "Tuning::join_min_slots: cannot parse \"many\"",
+        ),
+        (
+            vec!["--no-mphf", "--tune", "join_min_slots=1"],
+            "--tune changes the MPHF planner's thresholds; drop --no-mphf",
+        ),
+    ] {
+        let err = fails(&[&["sql", "-q"], &args[..], &["-c", "SELECT 1"]].concat());
+        assert!(err.contains(message), "{args:?}: {err}");
+    }
+}
+
 /// Index memory is reserved in the pool before it is allocated: under a limit smaller than the
 /// build, `CREATE INDEX` fails with a clear error and saves nothing; a saved index too large
 /// for a later session's limit leaves its table usable without it.

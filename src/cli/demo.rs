@@ -65,6 +65,24 @@ pub struct DemoArgs {
     pub costs: Option<std::path::PathBuf>,
 }
 
+/// Changes the planner's thresholds of `mphf` by `tune`'s `NAME=VALUE` pairs, in order, saying
+/// each on stderr (`--tune` of `mphf bench` and `mphf sql`).
+///
+/// # Errors
+/// A pair without `=`, an unknown name or a value that does not parse (see `Tuning::assign`).
+pub(crate) fn apply_tuning(mphf: &MphfContext, tune: &[String]) -> Result<()> {
+    for threshold in tune {
+        let Some((name, value)) = threshold.split_once('=') else {
+            bail!("--tune takes NAME=VALUE, got {threshold:?}");
+        };
+        let mut tuning = mphf.tuning();
+        tuning.assign(name.trim(), value)?;
+        mphf.tune(|t| *t = tuning);
+        eprintln!("tune {} = {}", name.trim(), value.trim());
+    }
+    Ok(())
+}
+
 /// Which queries a run shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Suite {
@@ -366,15 +384,7 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
         mphf.load_costs(path)?;
         eprintln!("cost constants from {}", path.display());
     }
-    for threshold in &args.tune {
-        let Some((name, value)) = threshold.split_once('=') else {
-            bail!("--tune takes NAME=VALUE, got {threshold:?}");
-        };
-        let mut tuning = mphf.tuning();
-        tuning.assign(name.trim(), value)?;
-        mphf.tune(|t| *t = tuning);
-        eprintln!("tune {} = {}", name.trim(), value.trim());
-    }
+    apply_tuning(&mphf, &args.tune)?;
     let stats = mphf
         .sql(
             "SELECT name, \"table\", \"column\", key_type, keys, bits_per_key, bytes FROM mphf_indexes() ORDER BY name",

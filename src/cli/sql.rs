@@ -10,9 +10,10 @@ use ::datafusion::dataframe::DataFrame;
 use ::datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use ::datafusion::execution::session_state::SessionStateBuilder;
 use ::datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use clap::{Args, ValueEnum};
 
+use super::demo::apply_tuning;
 use crate::datafusion::config::OnStale;
 use crate::datafusion::statements::split_statements;
 use crate::datafusion::{MphfConfig, MphfContext};
@@ -63,6 +64,11 @@ pub struct SqlArgs {
     /// Plan with the cost constants `mphf calibrate` wrote to this file.
     #[arg(long, value_name = "FILE")]
     pub costs: Option<PathBuf>,
+    /// `NAME=VALUE`: one of the planner's thresholds (`Tuning`, not a setting) changed before
+    /// the statements run (repeatable, applied after `--costs`), e.g.
+    /// `--tune join_partitioned_max_partitions=0`.
+    #[arg(long = "tune", value_name = "NAME=VALUE")]
+    pub tune: Vec<String>,
     /// Run the statements on an in-memory cluster of N datafusion-distributed workers in this
     /// process: every stage is encoded, sent over gRPC on an in-process stream and decoded by
     /// a worker, as between machines (0: one process, no cluster).
@@ -286,6 +292,11 @@ pub async fn run(args: SqlArgs) -> Result<()> {
     let session = session(&args)?;
     if let (Some(path), Session::Mphf(ctx)) = (&args.costs, &session) {
         ctx.load_costs(path)?;
+    }
+    match &session {
+        Session::Mphf(ctx) => apply_tuning(ctx, &args.tune)?,
+        _ if !args.tune.is_empty() => bail!("--tune changes the MPHF planner's thresholds; drop --no-mphf"),
+        _ => {}
     }
     if let (Some(dir), Session::Mphf(_)) = (&args.index_dir, &session) {
         let dir = dir.display().to_string().replace('\'', "''");

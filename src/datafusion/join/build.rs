@@ -21,10 +21,12 @@
 //! stale) go to [`BuildSide::strays`], looked up by value; NULL keys never match
 //! (`NullEquality::NullEqualsNothing`, the only mode the rule accepts).
 //!
-//! The build runs on all cores, since in the collect form one build feeds every probe partition
-//! and the probes wait for it: a coalesced build side is read from its own partitions by one
-//! task each, which also finds its rows' slots; the columns are concatenated (one batch)
-//! column by column in parallel, and the unique table is filled with rayon.
+//! A build runs on all cores when it is one of few at once (the collect form: one build feeds
+//! every probe partition and the probes wait for it): a coalesced build side is read from its
+//! own partitions by one task each, which also finds its rows' slots; the columns are
+//! concatenated (one batch) column by column in parallel, and the table is laid out with rayon.
+//! The builds of a `Partitioned` join, as many at once as there are cores, each run on the
+//! thread that reads them instead ([`BuildThreads`]).
 //!
 //! A build side read by a slot-map scan (a Parquet table with slot maps, see
 //! `crate::datafusion::slot_scan`) carries each row's slot in a column of its own: a batch
@@ -52,6 +54,7 @@ use ::datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
 use rayon::prelude::*;
 
+use super::build_threads::BuildThreads;
 use super::ranked::RankedSlots;
 use crate::core::column::ColumnIndex;
 use crate::core::column::ABSENT;
@@ -154,6 +157,8 @@ pub struct BuildSide {
     visited: Vec<AtomicU64>,
     /// Probe streams that have not finished; the last one emits the build side's final rows.
     probes_left: AtomicUsize,
+    /// Where this build's work ran, and where work derived from it (a group join's groups) runs.
+    pub threads: BuildThreads,
     /// The memory of the batch and the table.
     _reservation: MemoryReservation,
 }
@@ -167,7 +172,8 @@ impl BuildSide {
     /// numbered in input order. `key` is the indexed join key on the build side, `residual` the
     /// other keys; `track_visits` keeps the visited bitmap; `probes` is the number of probe
     /// streams that will read it. `stored_slots` is the position of the slots a slot-map scan
-    /// appended to the build side, if it did.
+    /// appended to the build side, if it did. `threads` says where the lookups, concatenation
+    /// and layout run (see [`BuildThreads`]).
     ///
     /// # Errors
     /// Input errors, memory-pool refusals, more than 2^32 − 2 build rows.
@@ -182,6 +188,7 @@ impl BuildSide {
         track_visits: bool,
         probes: usize,
         reservation: MemoryReservation,
+        threads: BuildThreads,
     ) -> Result<BuildSide> {
         let start = std::time::Instant::now();
         let reservation = Arc::new(reservation);
@@ -209,14 +216,14 @@ impl BuildSide {
         }
         let mut reservation = Arc::try_unwrap(reservation)
             .map_err(|_| DataFusionError::Internal("MphfJoinExec: build reservation still shared".into()))?;
-        let batch = parallel_concat(&schema, &batches)?;
+        let batch = concat_batches_by_column(&schema, &batches, threads)?;
         drop(batches);
         reservation.try_resize(batch.get_array_memory_size())?;
         let input_done = std::time::Instant::now();
         let keys = key.evaluate(&batch)?.into_array(batch.num_rows())?;
-        // One input without stored slots: its lookups were left to this step, on all cores.
+        // One input without stored slots: its lookups were left to this step, on the build's threads.
         if !per_batch {
-            slots = parallel_slots(index, &keys)?;
+            slots = slots_of_keys(index, &keys, threads)?;
         }
         let slots_done = std::time::Instant::now();
         let rows = batch.num_rows();
@@ -235,7 +242,8 @@ impl BuildSide {
         let n_slots = usize::try_from(index.len())
             .map_err(|_| DataFusionError::Execution("MphfJoinExec: index too large".into()))?;
         let keys_repeat = index.stats().had_duplicates();
-        let (table, strays, ranked) = slot_table(&slots, keys.as_ref(), n_slots, keys_repeat, &mut reservation)?;
+        let (table, strays, ranked) =
+            slot_table(&slots, keys.as_ref(), n_slots, keys_repeat, threads, &mut reservation)?;
         drop(slots);
         let residual_keys = residual
             .iter()
@@ -264,6 +272,7 @@ impl BuildSide {
             residual_keys,
             visited,
             probes_left: AtomicUsize::new(probes.max(1)),
+            threads,
             _reservation: reservation,
         })
     }
@@ -385,90 +394,112 @@ async fn read_input(
     Ok((batches, slots, stored_rows))
 }
 
-/// `batches` as one batch, its columns concatenated on all cores.
-fn parallel_concat(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+/// `batches` as one batch, its columns concatenated on the build's `threads`.
+fn concat_batches_by_column(schema: &SchemaRef, batches: &[RecordBatch], threads: BuildThreads) -> Result<RecordBatch> {
     if batches.len() == 1 {
         return Ok(batches[0].clone());
     }
     if schema.fields().is_empty() {
         return Ok(concat_batches(schema, batches)?);
     }
-    let columns = (0..schema.fields().len())
-        .into_par_iter()
-        .map(|c| {
-            let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
-            if arrays.is_empty() {
-                Ok(::datafusion::arrow::array::new_empty_array(schema.field(c).data_type()))
-            } else {
-                Ok(concat(&arrays)?)
-            }
+    let column = |c: usize| -> Result<ArrayRef> {
+        let arrays: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+        if arrays.is_empty() {
+            Ok(::datafusion::arrow::array::new_empty_array(schema.field(c).data_type()))
+        } else {
+            Ok(concat(&arrays)?)
+        }
+    };
+    let columns = threads
+        .map_ranges(schema.fields().len(), 1, |cs| {
+            cs.map(column).collect::<Result<Vec<_>>>()
         })
-        .collect::<Result<Vec<ArrayRef>>>()?;
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?
+        .concat();
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Rows per task of the parallel build (lookups and table fill).
 const PAR_CHUNK: usize = 1 << 16;
 
-/// The slots of every build key, looked up in chunks on all cores (the build side is collected
-/// into one batch, so without this the build would run on one core).
-fn parallel_slots(index: &ColumnIndex, keys: &ArrayRef) -> Result<Vec<u64>> {
-    let n = keys.len();
-    let chunks: Vec<Result<Vec<u64>>> = (0..n)
-        .step_by(PAR_CHUNK)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|at| {
-            let mut out = Vec::new();
-            index
-                .lookup_slots(keys.slice(at, PAR_CHUNK.min(n - at)).as_ref(), &mut out)
-                .map_err(to_df)?;
-            Ok(out)
-        })
-        .collect();
-    let mut slots = Vec::with_capacity(n);
-    for chunk in chunks {
-        slots.extend(chunk?);
-    }
-    Ok(slots)
+/// The slots of every build key, looked up in chunks on the build's `threads` (the build side
+/// is collected into one batch, so without this a collected build would run on one core).
+fn slots_of_keys(index: &ColumnIndex, keys: &ArrayRef, threads: BuildThreads) -> Result<Vec<u64>> {
+    let chunks = threads.map_ranges(keys.len(), PAR_CHUNK, |rows| {
+        let mut out = Vec::new();
+        index
+            .lookup_slots(keys.slice(rows.start, rows.len()).as_ref(), &mut out)
+            .map_err(to_df)?;
+        Ok(out)
+    });
+    let mut chunks = chunks.into_iter().collect::<Result<Vec<_>>>()?;
+    Ok(match chunks.len() {
+        1 => chunks.pop().unwrap_or_default(),
+        _ => chunks.concat(),
+    })
 }
 
 /// The slot table of the build rows' `slots` among the index's `n_slots`: by slot, or by
 /// position among the occupied slots when at most one slot in [`RANKED_FILL_RATIO`] is
-/// occupied (see the module docs); with the strays of [`lay_out`].
+/// occupied (see the module docs); with the strays of [`lay_out`]. Laid out on the build's
+/// `threads`.
 fn slot_table(
     slots: &[u64],
     keys: &dyn Array,
     n_slots: usize,
     keys_repeat: bool,
+    threads: BuildThreads,
     reservation: &mut MemoryReservation,
 ) -> Result<(SlotRows, Strays, Option<RankedSlots>)> {
-    let members = slots.par_iter().filter(|&&s| s != ABSENT).count();
+    let members = members_in_range(slots, n_slots, threads)?;
     if !ranked_layout(members, n_slots) {
         reservation.try_grow(n_slots * 4)?;
-        let (table, strays) = lay_out(slots, keys, n_slots, keys_repeat, reservation)?;
+        let (table, strays) = lay_out(slots, keys, n_slots, keys_repeat, threads, reservation)?;
         return Ok((table, strays, None));
     }
     // Bits and counts, each row's position, then a unique table of `members` entries (the CSR
     // layout reserves its own).
     reservation.try_grow(RankedSlots::size_for(n_slots) + slots.len() * 8 + members * 4)?;
-    let ranked = RankedSlots::mark(slots, n_slots);
-    let positions = ranked.positions_of(slots);
+    let ranked = RankedSlots::mark(slots, n_slots, threads);
+    let positions = ranked.positions_of(slots, threads);
     // Known exactly here: some slot holds two rows when fewer slots than rows are occupied.
     let repeated = ranked.occupied() < members;
-    let (table, strays) = lay_out(&positions, keys, ranked.occupied(), repeated, reservation)?;
+    let (table, strays) = lay_out(&positions, keys, ranked.occupied(), repeated, threads, reservation)?;
     Ok((table, strays, Some(ranked)))
+}
+
+/// Number of build rows with a slot (not [`ABSENT`]), after checking that every slot is one of
+/// the index's `n_slots`: the layouts index by slot, and a slot past them (which no lookup
+/// returns, and slot maps are checked against at open) is an error naming the slot, not a panic.
+fn members_in_range(slots: &[u64], n_slots: usize, threads: BuildThreads) -> Result<usize> {
+    let (members, largest) = threads
+        .map_ranges(slots.len(), PAR_CHUNK, |rows| {
+            slots[rows]
+                .iter()
+                .filter(|&&s| s != ABSENT)
+                .fold((0usize, 0u64), |(n, max), &s| (n + 1, max.max(s)))
+        })
+        .into_iter()
+        .fold((0, 0), |(n, a), (m, b)| (n + m, a.max(b)));
+    if members > 0 && largest >= n_slots as u64 {
+        return Err(DataFusionError::Execution(format!(
+            "MphfJoinExec: build row slot {largest} is out of range (the index has {n_slots} slots)"
+        )));
+    }
+    Ok(members)
 }
 
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
 /// Where the indexed table's keys repeat (`keys_repeat`), the build goes straight to the CSR
-/// layout; otherwise the unique layout is tried first, and a slot found twice (a stale index,
-/// never a fresh one) falls back to CSR.
+/// layout; otherwise the unique layout is tried first (on the build's `threads`), and a slot
+/// found twice (a stale index, never a fresh one) falls back to CSR.
 fn lay_out(
     slots: &[u64],
     keys: &dyn Array,
     n_slots: usize,
     keys_repeat: bool,
+    threads: BuildThreads,
     reservation: &mut MemoryReservation,
 ) -> Result<(SlotRows, Strays)> {
     let mut strays = Strays::new();
@@ -482,7 +513,7 @@ fn lay_out(
         }
     }
     if !keys_repeat {
-        if let Some(unique) = unique_layout(slots, n_slots) {
+        if let Some(unique) = unique_layout(slots, n_slots, threads) {
             return Ok((SlotRows::Unique(unique), strays));
         }
     }
@@ -514,28 +545,29 @@ fn lay_out(
 
 /// The unique layout (each slot's one row), filled in parallel; `None` once a slot is found to
 /// hold two rows.
-fn unique_layout(slots: &[u64], n_slots: usize) -> Option<Vec<u32>> {
-    let cells: Vec<AtomicU32> = (0..n_slots).into_par_iter().map(|_| AtomicU32::new(NO_ROW)).collect();
+fn unique_layout(slots: &[u64], n_slots: usize, threads: BuildThreads) -> Option<Vec<u32>> {
+    let cells: Vec<AtomicU32> = match threads {
+        BuildThreads::AllCores => (0..n_slots).into_par_iter().map(|_| AtomicU32::new(NO_ROW)).collect(),
+        BuildThreads::Caller => (0..n_slots).map(|_| AtomicU32::new(NO_ROW)).collect(),
+    };
     let duplicated = AtomicBool::new(false);
-    slots
-        .par_iter()
-        .enumerate()
-        .with_min_len(PAR_CHUNK)
-        .for_each(|(r, &s)| {
-            // Once a repeated key is found the cells are dropped: skip the remaining rows.
-            if duplicated.load(Ordering::Relaxed) {
-                return;
-            }
-            // Relaxed: the cells are read only after this parallel loop has joined.
+    threads.map_ranges(slots.len(), PAR_CHUNK, |rows| {
+        for (r, &s) in rows.clone().zip(&slots[rows]) {
+            // Relaxed: the cells are read only after every range is laid out.
             if s != ABSENT
                 && cells[s as usize]
                     .compare_exchange(NO_ROW, r as u32, Ordering::Relaxed, Ordering::Relaxed)
                     .is_err()
             {
+                // The cells are dropped: the other ranges skip what is left of theirs.
                 duplicated.store(true, Ordering::Relaxed);
             }
-        });
-    (!duplicated.into_inner()).then(|| cells.into_par_iter().map(AtomicU32::into_inner).collect())
+            if duplicated.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    });
+    (!duplicated.into_inner()).then(|| cells.into_iter().map(AtomicU32::into_inner).collect())
 }
 
 /// The shared handle probe streams hold.
@@ -547,11 +579,20 @@ mod tests {
     use ::datafusion::arrow::array::Int64Array;
     use ::datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryConsumer, MemoryPool};
 
+    /// The layout of `slots` on all cores, after checking that the caller's thread lays them out
+    /// alike.
     fn layout_of(slots: &[u64], n_slots: usize, keys_repeat: bool) -> SlotRows {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 20));
         let mut reservation = MemoryConsumer::new("test").register(&pool);
         let keys = Int64Array::from_iter_values(slots.iter().map(|&s| s as i64));
-        lay_out(slots, &keys, n_slots, keys_repeat, &mut reservation).unwrap().0
+        let [on_all_cores, on_caller] = [BuildThreads::AllCores, BuildThreads::Caller].map(|threads| {
+            lay_out(slots, &keys, n_slots, keys_repeat, threads, &mut reservation)
+                .unwrap()
+                .0
+        });
+        assert_eq!(on_caller.layout(), on_all_cores.layout());
+        assert_eq!(rows_by_slot(&on_caller, n_slots), rows_by_slot(&on_all_cores, n_slots));
+        on_all_cores
     }
 
     /// Each slot's rows, read back through the layout.
@@ -564,12 +605,27 @@ mod tests {
             .collect()
     }
 
-    /// Each slot's rows read back through [`slot_table`]'s layout, and whether it was ranked.
+    /// Each slot's rows read back through [`slot_table`]'s layout, and whether it was ranked;
+    /// the same whether the build runs on all cores or on the caller.
     fn slot_table_rows(slots: &[u64], n_slots: usize, keys_repeat: bool) -> (Vec<Vec<u32>>, &'static str, bool) {
+        let on_all_cores = slot_table_rows_on(slots, n_slots, keys_repeat, BuildThreads::AllCores);
+        assert_eq!(
+            slot_table_rows_on(slots, n_slots, keys_repeat, BuildThreads::Caller),
+            on_all_cores
+        );
+        on_all_cores
+    }
+
+    fn slot_table_rows_on(
+        slots: &[u64],
+        n_slots: usize,
+        keys_repeat: bool,
+        threads: BuildThreads,
+    ) -> (Vec<Vec<u32>>, &'static str, bool) {
         let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 24));
         let mut reservation = MemoryConsumer::new("test").register(&pool);
         let keys = Int64Array::from_iter_values(slots.iter().map(|&s| s as i64));
-        let (table, _, ranked) = slot_table(slots, &keys, n_slots, keys_repeat, &mut reservation).unwrap();
+        let (table, _, ranked) = slot_table(slots, &keys, n_slots, keys_repeat, threads, &mut reservation).unwrap();
         let positions = ranked.as_ref().map_or(n_slots, RankedSlots::occupied);
         let by_position = rows_by_slot(&table, positions);
         let rows = (0..n_slots as u64)
@@ -604,6 +660,25 @@ mod tests {
         assert!(!ranked);
         assert_eq!(layout, "unique");
         assert_eq!(rows, rows_by_slot(&layout_of(&dense, 10, false), 10));
+    }
+
+    #[test]
+    fn a_slot_past_the_index_is_an_error_in_either_layout() {
+        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(1 << 24));
+        let mut reservation = MemoryConsumer::new("test").register(&pool);
+        // Sparse (ranked) and dense (by slot) tables both check before laying out.
+        let cases = [(vec![3, ABSENT, 1000], 1000), (vec![0, 1, 2, 7], 5)];
+        for ((slots, n_slots), threads) in cases.into_iter().zip([BuildThreads::AllCores, BuildThreads::Caller]) {
+            let keys = Int64Array::from_iter_values(slots.iter().map(|&s| s as i64));
+            let err = slot_table(&slots, &keys, n_slots, false, threads, &mut reservation).unwrap_err();
+            let largest = slots.iter().filter(|&&s| s != ABSENT).max().unwrap();
+            assert_eq!(
+                err.strip_backtrace(),
+                format!(
+                    "Execution error: MphfJoinExec: build row slot {largest} is out of range (the index has {n_slots} slots)"
+                )
+            );
+        }
     }
 
     #[test]

@@ -80,6 +80,7 @@ use futures::{StreamExt, TryStreamExt};
 use rayon::prelude::*;
 
 use super::build::{BuildSide, NO_ROW};
+use super::build_threads::BuildThreads;
 use super::group_count::estimated_groups;
 use super::probe::Prober;
 use super::translate::probe_index;
@@ -101,9 +102,15 @@ pub struct BuildGroups {
 
 impl BuildGroups {
     /// The groups of the rows of `batch` (a build side's) by its columns `columns`, their memory
-    /// reserved in `pool`. Chunks of the rows are grouped at once (see [`group_chunks`]); their
-    /// groups are then merged in chunk order.
-    fn compute(batch: &RecordBatch, columns: &[usize], pool: &Arc<dyn MemoryPool>) -> Result<Self> {
+    /// reserved in `pool`, on the build's `threads`. Chunks of the rows are grouped at once
+    /// (see [`group_chunks`]; one chunk on the caller); their groups are then merged in chunk
+    /// order.
+    fn compute(
+        batch: &RecordBatch,
+        columns: &[usize],
+        pool: &Arc<dyn MemoryPool>,
+        threads: BuildThreads,
+    ) -> Result<Self> {
         let reservation = MemoryConsumer::new("MphfGroupJoinExec[build groups]").register(pool);
         let rows = batch.num_rows();
         reservation.try_grow(rows * 4)?;
@@ -111,17 +118,23 @@ impl BuildGroups {
         let schema = batch.schema();
         let fields: Vec<Field> = columns.iter().map(|&c| schema.field(c).clone()).collect();
         let schema = Arc::new(Schema::new(fields));
-        let chunks = group_chunks(rows, rayon::current_num_threads());
+        let chunk_threads = match threads {
+            BuildThreads::AllCores => rayon::current_num_threads(),
+            BuildThreads::Caller => 1,
+        };
+        let chunks = group_chunks(rows, chunk_threads);
         // Each chunk's rows interned on its own, at once: local ids and the chunk's values.
-        let local: Vec<(Vec<usize>, Vec<ArrayRef>)> = chunks
-            .par_iter()
-            .map(|&(offset, len)| {
-                let slice: Vec<ArrayRef> = arrays.iter().map(|a| a.slice(offset, len)).collect();
-                let mut interner = new_group_values(Arc::clone(&schema), &GroupOrdering::None)?;
-                let mut ids = Vec::with_capacity(len);
-                interner.intern(&slice, &mut ids)?;
-                Ok((ids, interner.emit(EmitTo::All)?))
-            })
+        let intern = |&(offset, len): &(usize, usize)| -> Result<(Vec<usize>, Vec<ArrayRef>)> {
+            let slice: Vec<ArrayRef> = arrays.iter().map(|a| a.slice(offset, len)).collect();
+            let mut interner = new_group_values(Arc::clone(&schema), &GroupOrdering::None)?;
+            let mut ids = Vec::with_capacity(len);
+            interner.intern(&slice, &mut ids)?;
+            Ok((ids, interner.emit(EmitTo::All)?))
+        };
+        let local: Vec<(Vec<usize>, Vec<ArrayRef>)> = threads
+            .map_ranges(chunks.len(), 1, |cs| chunks[cs].iter().map(intern).collect::<Vec<_>>())
+            .into_iter()
+            .flatten()
             .collect::<Result<_>>()?;
         // The chunks' values interned once more, in chunk order: each local id's global id.
         let mut interner = new_group_values(Arc::clone(&schema), &GroupOrdering::None)?;
@@ -142,14 +155,21 @@ impl BuildGroups {
             parts.push(part);
             rest = tail;
         }
-        parts
-            .into_par_iter()
-            .zip(local.par_iter().zip(global_of.par_iter()))
-            .for_each(|(part, ((ids, _), global))| {
-                for (g, &l) in part.iter_mut().zip(ids) {
-                    *g = global[l] as u32;
-                }
-            });
+        let relabel = |part: &mut [u32], ids: &[usize], global: &[usize]| {
+            for (g, &l) in part.iter_mut().zip(ids) {
+                *g = global[l] as u32;
+            }
+        };
+        match threads {
+            BuildThreads::AllCores => parts
+                .into_par_iter()
+                .zip(local.par_iter().zip(global_of.par_iter()))
+                .for_each(|(part, ((ids, _), global))| relabel(part, ids, global)),
+            BuildThreads::Caller => parts
+                .into_iter()
+                .zip(local.iter().zip(&global_of))
+                .for_each(|(part, ((ids, _), global))| relabel(part, ids, global)),
+        }
         let values = interner.emit(EmitTo::All)?;
         reservation.try_grow(values.iter().map(|v| v.get_array_memory_size()).sum())?;
         Ok(Self {
@@ -456,7 +476,12 @@ impl Fused {
                 return Ok(Arc::clone(groups));
             }
         }
-        let groups = Arc::new(BuildGroups::compute(&build.batch, &self.group_columns, pool)?);
+        let groups = Arc::new(BuildGroups::compute(
+            &build.batch,
+            &self.group_columns,
+            pool,
+            build.threads,
+        )?);
         *guard = Some((Arc::downgrade(build), Arc::clone(&groups)));
         Ok(groups)
     }
@@ -909,25 +934,26 @@ mod tests {
         ]));
         let batch = RecordBatch::try_new(schema, vec![Arc::new(name.clone()), Arc::new(tier.clone())]).unwrap();
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-        let groups = rayon::ThreadPoolBuilder::new()
-            .num_threads(4)
-            .build()
-            .unwrap()
-            .install(|| BuildGroups::compute(&batch, &[0, 1], &pool))
-            .unwrap();
-        let names = groups.values[0].as_any().downcast_ref::<StringArray>().unwrap();
-        let tiers = groups.values[1].as_any().downcast_ref::<Int64Array>().unwrap();
-        let mut seen = std::collections::HashMap::new();
-        for r in 0..rows {
-            let g = groups.group_of[r] as usize;
-            let value = (name.is_valid(r).then(|| name.value(r)), tier.value(r));
-            assert_eq!(
-                (names.is_valid(g).then(|| names.value(g)), tiers.value(g)),
-                value,
-                "row {r}"
-            );
-            assert_eq!(*seen.entry(value).or_insert(g), g, "row {r}: {value:?} in two groups");
+        let pool4 = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        // Four chunks on all cores, one on the caller: the same groups either way.
+        for threads in [BuildThreads::AllCores, BuildThreads::Caller] {
+            let groups = pool4
+                .install(|| BuildGroups::compute(&batch, &[0, 1], &pool, threads))
+                .unwrap();
+            let names = groups.values[0].as_any().downcast_ref::<StringArray>().unwrap();
+            let tiers = groups.values[1].as_any().downcast_ref::<Int64Array>().unwrap();
+            let mut seen = std::collections::HashMap::new();
+            for r in 0..rows {
+                let g = groups.group_of[r] as usize;
+                let value = (name.is_valid(r).then(|| name.value(r)), tier.value(r));
+                assert_eq!(
+                    (names.is_valid(g).then(|| names.value(g)), tiers.value(g)),
+                    value,
+                    "row {r}, {threads:?}"
+                );
+                assert_eq!(*seen.entry(value).or_insert(g), g, "row {r}: {value:?} in two groups");
+            }
+            assert_eq!(groups.groups(), seen.len());
         }
-        assert_eq!(groups.groups(), seen.len());
     }
 }

@@ -33,6 +33,7 @@
 //! - Output batches hold at most `batch_size` rows; build memory is reserved in the pool.
 
 pub mod build;
+mod build_threads;
 mod group_count;
 pub mod group_join;
 pub mod probe;
@@ -65,6 +66,7 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::{StreamExt, TryStreamExt};
 
 pub use build::{BuildSide, SharedBuild, SlotRows};
+pub use build_threads::BuildThreads;
 pub use group_join::MphfGroupJoinExec;
 use probe::{ProbeMetrics, Prober};
 use read_ahead::{ReadAhead, READ_AHEAD_BYTES};
@@ -175,6 +177,12 @@ impl MphfJoinExec {
             }
             _ => vec![left.execute(partition, Arc::clone(context))?],
         };
+        // A `Partitioned` join builds each of its partitions at once.
+        let builds_at_once = match self.join.partition_mode() {
+            PartitionMode::Partitioned => left.output_partitioning().partition_count(),
+            _ => 1,
+        };
+        let threads = BuildThreads::for_builds_at_once(builds_at_once);
         let schema = left.schema();
         let index = Arc::clone(&self.index);
         let key = Arc::clone(&self.join.on()[self.key].0);
@@ -204,6 +212,7 @@ impl MphfJoinExec {
                 track,
                 probes,
                 reservation,
+                threads,
             )
             .await?;
             build_time.add_duration(start.elapsed());

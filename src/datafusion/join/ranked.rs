@@ -15,14 +15,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
-
+use super::build_threads::BuildThreads;
 use crate::core::column::ABSENT;
 
 /// Slots per block (one word of occupancy bits).
 const BLOCK_SLOTS: usize = 64;
 
-/// Rows per rayon task when marking slots.
+/// Rows per rayon task when marking slots on all cores.
 const MARK_CHUNK: usize = 1 << 16;
 
 /// Occupancy bits of 64 slots and the occupied slots before them; 16 bytes, so one read of
@@ -42,22 +41,21 @@ pub struct RankedSlots {
 }
 
 impl RankedSlots {
-    /// Marks the slots of `slots` ([`ABSENT`] entries are skipped) among `n_slots`.
+    /// Marks the slots of `slots` ([`ABSENT`] entries are skipped) among `n_slots`, on the
+    /// build's `threads`.
     ///
     /// # Panics
-    /// Never for slots below `n_slots`; a slot at or past `n_slots` is a caller bug (the
-    /// lookups return slots of the index only) and panics on the bounds check.
-    pub fn mark(slots: &[u64], n_slots: usize) -> Self {
+    /// Never for slots below `n_slots`; a slot at or past `n_slots` is a caller bug (the build
+    /// checks its slots first) and panics on the bounds check.
+    pub fn mark(slots: &[u64], n_slots: usize, threads: BuildThreads) -> Self {
         let words: Vec<AtomicU64> = (0..n_slots.div_ceil(BLOCK_SLOTS)).map(|_| AtomicU64::new(0)).collect();
-        slots
-            .par_iter()
-            .with_min_len(MARK_CHUNK)
-            .filter(|&&s| s != ABSENT)
-            .for_each(|&s| {
+        threads.map_ranges(slots.len(), MARK_CHUNK, |rows| {
+            for &s in slots[rows].iter().filter(|&&s| s != ABSENT) {
                 let s = s as usize;
-                // Relaxed: the words are read only after this parallel loop has joined.
+                // Relaxed: the words are read only after every range is marked.
                 words[s / BLOCK_SLOTS].fetch_or(1 << (s % BLOCK_SLOTS), Ordering::Relaxed);
-            });
+            }
+        });
         let mut rank = 0u32;
         let blocks = words
             .into_iter()
@@ -83,19 +81,16 @@ impl RankedSlots {
         (block.bits & bit != 0).then(|| u64::from(block.rank + (block.bits & (bit - 1)).count_ones()))
     }
 
-    /// `slots` with every occupied slot replaced by its position ([`ABSENT`] stays), on all cores.
-    pub fn positions_of(&self, slots: &[u64]) -> Vec<u64> {
-        slots
-            .par_iter()
-            .with_min_len(MARK_CHUNK)
-            .map(|&s| {
-                if s == ABSENT {
-                    ABSENT
-                } else {
-                    self.position(s).unwrap_or(ABSENT)
-                }
-            })
-            .collect()
+    /// `slots` with every occupied slot replaced by its position ([`ABSENT`] stays), on the
+    /// build's `threads`.
+    pub fn positions_of(&self, slots: &[u64], threads: BuildThreads) -> Vec<u64> {
+        let position = |s: u64| match s {
+            ABSENT => ABSENT,
+            s => self.position(s).unwrap_or(ABSENT),
+        };
+        threads.concat_ranges(slots.len(), MARK_CHUNK, |rows| {
+            slots[rows].iter().map(|&s| position(s)).collect()
+        })
     }
 
     /// Number of occupied slots (distinct slots among the marked ones).
@@ -122,7 +117,7 @@ mod tests {
     fn positions_number_the_occupied_slots_in_slot_order() {
         // Across word boundaries, with a repeated slot and absent entries.
         let slots = [200, ABSENT, 3, 64, 63, 3, 129];
-        let ranked = RankedSlots::mark(&slots, 201);
+        let ranked = RankedSlots::mark(&slots, 201, BuildThreads::Caller);
         assert_eq!(ranked.occupied(), 5);
         let occupied = [3u64, 63, 64, 129, 200];
         for s in 0..201u64 {
@@ -130,7 +125,10 @@ mod tests {
             assert_eq!(ranked.position(s), expected, "slot {s}");
         }
         assert_eq!(ranked.position(201), None);
-        assert_eq!(ranked.positions_of(&slots), vec![4, ABSENT, 0, 2, 1, 0, 3]);
+        assert_eq!(
+            ranked.positions_of(&slots, BuildThreads::Caller),
+            vec![4, ABSENT, 0, 2, 1, 0, 3]
+        );
     }
 
     #[test]
@@ -140,14 +138,18 @@ mod tests {
         let slots: Vec<u64> = (0..300_000u64)
             .map(|i| (i * 2_654_435_761) % (n_slots as u64 / 3))
             .collect();
-        let ranked = RankedSlots::mark(&slots, n_slots);
         let mut sorted = slots.clone();
         sorted.sort_unstable();
         sorted.dedup();
-        assert_eq!(ranked.occupied(), sorted.len());
-        for (p, &s) in sorted.iter().enumerate() {
-            assert_eq!(ranked.position(s), Some(p as u64));
+        let expected: Vec<u64> = slots.iter().map(|s| sorted.binary_search(s).unwrap() as u64).collect();
+        for threads in [BuildThreads::AllCores, BuildThreads::Caller] {
+            let ranked = RankedSlots::mark(&slots, n_slots, threads);
+            assert_eq!(ranked.occupied(), sorted.len());
+            for (p, &s) in sorted.iter().enumerate() {
+                assert_eq!(ranked.position(s), Some(p as u64));
+            }
+            assert_eq!(ranked.positions_of(&slots, threads), expected);
+            assert_eq!(ranked.size(), RankedSlots::size_for(n_slots));
         }
-        assert_eq!(ranked.size(), RankedSlots::size_for(n_slots));
     }
 }

@@ -46,12 +46,11 @@
 //!   join that table's arrays (no filter, no hash repartition; see `join::translate`): its
 //!   slots are translated, not looked up.
 //! - Decline the one-for-one form of a `Partitioned` join beyond
-//!   `Tuning::join_partitioned_max_partitions` (default 4) partitions: each partition's slot table
-//!   spans the whole index while holding 1/P of its keys, so many of them lose to DataFusion's
-//!   per-partition hash tables. That holds with tables of few occupied slots laid out by position
-//!   among them too (`build`; benches/RESULTS.md, session 38). Under a `SinglePartitioned`
-//!   aggregate the collect form keeps the probe side's hash repartition instead (one shared slot
-//!   table).
+//!   `Tuning::join_partitioned_max_partitions` partitions (default 0: no limit; the cost model
+//!   decides). Each partition's slot table holds 1/P of the keys among all the index's slots;
+//!   it is laid out by position among its occupied slots (`build`), and the P builds run each
+//!   on its own thread (`build_threads`), so a table per partition pays on many partitions too
+//!   (benches/RESULTS.md, session 39; before both, session 38 kept a limit of 4).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated for the join DataFusion runs, the one
