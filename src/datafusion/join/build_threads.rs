@@ -42,13 +42,7 @@ impl BuildThreads {
     pub fn map_ranges<R: Send>(self, len: usize, chunk: usize, f: impl Fn(Range<usize>) -> R + Sync + Send) -> Vec<R> {
         match self {
             Self::Caller => vec![f(0..len)],
-            Self::AllCores => {
-                let chunk = chunk.max(1);
-                (0..len.div_ceil(chunk))
-                    .into_par_iter()
-                    .map(|c| f(c * chunk..len.min((c + 1) * chunk)))
-                    .collect()
-            }
+            Self::AllCores => par_ranges(len, chunk).map(f).collect(),
         }
     }
 
@@ -62,15 +56,17 @@ impl BuildThreads {
     ) -> Vec<T> {
         match self {
             Self::Caller => f(0..len),
-            Self::AllCores => {
-                let chunk = chunk.max(1);
-                (0..len.div_ceil(chunk))
-                    .into_par_iter()
-                    .flat_map_iter(|c| f(c * chunk..len.min((c + 1) * chunk)))
-                    .collect()
-            }
+            Self::AllCores => par_ranges(len, chunk).flat_map_iter(f).collect(),
         }
     }
+}
+
+/// The ranges of `chunk` items (at least 1) that cover `0..len` in order, for rayon.
+fn par_ranges(len: usize, chunk: usize) -> impl IndexedParallelIterator<Item = Range<usize>> {
+    let chunk = chunk.max(1);
+    (0..len.div_ceil(chunk))
+        .into_par_iter()
+        .map(move |c| c * chunk..len.min((c + 1) * chunk))
 }
 
 #[cfg(test)]
