@@ -84,8 +84,8 @@ const QUERIES: &[(&str, bool)] = &[
 
 async fn check_all(partitions: usize, partitioned_joins: bool) {
     let ctx = setup(partitions, partitioned_joins).await;
-    // Every form at any partition count (the default).
-    assert_eq!(ctx.tuning().join_partitioned_max_partitions, 0);
+    // Every form at any partition count (by default one-for-one tables stop at 4 partitions).
+    ctx.tune(|t| t.join_partitioned_max_partitions = 0);
     for &(sql, expect) in QUERIES {
         let plan = compare(&ctx, sql).await;
         assert_eq!(
@@ -109,15 +109,15 @@ async fn joins_match_vanilla_on_two_partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_joins_match_vanilla_on_sixteen_partitions() {
     check_all(16, true).await;
-    // By default 16 per-partition slot tables are taken; a limit below 16 declines them.
+    // By default 16 per-partition slot tables are declined; with no limit they are taken.
     let ctx = setup(16, true).await;
     let sql = "SELECT d.id, count(f.fid) FROM dim d LEFT JOIN fact f ON d.id = f.id GROUP BY d.id ORDER BY 2 DESC, 1 LIMIT 20";
     let plan = compare(&ctx, sql).await;
-    assert!(plan.contains("MphfJoinExec: mode=Partitioned"), "{plan}");
-    ctx.tune(|t| t.join_partitioned_max_partitions = 4);
-    let plan = compare(&ctx, sql).await;
     assert!(!plan.contains("MphfJoinExec"), "{plan}");
     assert!(plan.contains("and the one-for-one form was declined"), "{plan}");
+    ctx.tune(|t| t.join_partitioned_max_partitions = 0);
+    let plan = compare(&ctx, sql).await;
+    assert!(plan.contains("MphfJoinExec: mode=Partitioned"), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,6 +350,7 @@ async fn build_side_from_a_join_is_declined() {
 async fn group_joins_match_vanilla() {
     for (partitions, partitioned) in [(1, false), (2, false), (4, false), (16, true)] {
         let ctx = setup(partitions, partitioned).await;
+        ctx.tune(|t| t.join_partitioned_max_partitions = 0);
         for sql in [
             "CREATE TABLE cats AS SELECT value AS id, \
                CASE WHEN value % 5 = 0 THEN NULL ELSE 'c' || (value % 13) END AS cat, value % 3 AS tier \

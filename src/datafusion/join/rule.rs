@@ -46,11 +46,14 @@
 //!   join that table's arrays (no filter, no hash repartition; see `join::translate`): its
 //!   slots are translated, not looked up.
 //! - Decline the one-for-one form of a `Partitioned` join beyond
-//!   `Tuning::join_partitioned_max_partitions` partitions (default 0: no limit; the cost model
-//!   decides). Each partition's slot table holds 1/P of the keys among all the index's slots;
-//!   it is laid out by position among its occupied slots (`build`), and the P builds run each
-//!   on its own thread (`build_threads`), so a table per partition pays on many partitions too
-//!   (benches/RESULTS.md, session 39; before both, session 38 kept a limit of 4).
+//!   `Tuning::join_partitioned_max_partitions` (default 4) partitions. Each partition's slot
+//!   table holds 1/P of the keys among all the index's slots; it is laid out by position among
+//!   its occupied slots (`build`), and the P builds run each on its own thread
+//!   (`build_threads`), so a plain join on slots pays on 16 partitions too, but the group join
+//!   of TPC-H Q12 (a filtered build side, every probe row translated) loses there while the
+//!   cost model prices it cheaper (benches/RESULTS.md, session 39). Under a
+//!   `SinglePartitioned` aggregate the collect form keeps the probe side's hash repartition
+//!   instead (one shared slot table).
 //! - Decline when DataFusion would run the join with its dense-integer `ArrayMap` (one integer
 //!   key, key range below `perfect_hash_join_small_build_threshold` or density above
 //!   `perfect_hash_join_min_key_density`, estimated for the join DataFusion runs, the one

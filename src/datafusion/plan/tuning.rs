@@ -61,8 +61,7 @@ pub struct Tuning {
     /// partitions; beyond, the join keeps its partitions. 0: no limit.
     pub join_collect_max_partitions: usize,
     /// JOIN: a `Partitioned` join that must keep its form runs on slots only up to this many
-    /// partitions (each partition builds a slot table of its share of the keys). 0: any (the
-    /// default; the cost model decides).
+    /// partitions (each partition builds a slot table of its share of the keys). 0: any.
     pub join_partitioned_max_partitions: usize,
     /// JOIN: leave a join to DataFusion when it would use its dense-integer `ArrayMap`.
     pub join_yield_to_array_map: bool,
@@ -87,7 +86,7 @@ impl Default for Tuning {
             join_min_slots: MIN_SLOTS,
             join_min_probe_rows_per_run: 2.0,
             join_collect_max_partitions: 0,
-            join_partitioned_max_partitions: 0,
+            join_partitioned_max_partitions: 4,
             join_yield_to_array_map: true,
             costs: CostModel::default(),
         }
