@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -116,6 +116,41 @@ if [ "$PART" = p16tpch ]; then
       timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$DATA" --workers $workers --processes 2 \
         --runs 3 --tune $tune >> "$OUT/p16_tpch_$workers.md" 2>&1
       echo "exit $?" >> "$OUT/p16_tpch_$workers.md"
+    done
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = q12why ]; then
+  # TPC-H Q12 over Parquet in one process on all cores, BIN with the one-for-one partition limit
+  # off and at 4: EXPLAIN ANALYZE of each, then Q12 timed (MPHF on and off) in three processes
+  # each, alternating (benches/distributed_tpch.py --workers 0 runs all 22; this runs Q12 only).
+  DATA=/tmp/tpch1
+  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
+  SLT="$(dirname "$0")/../sql-tests/tpch_queries.slt"
+  mapfile -t IDX < <(grep '^CREATE INDEX' "$SLT" | sed 's/CREATE INDEX/CREATE INDEX IF NOT EXISTS/')
+  Q12=$(awk '/^# Q12/{getline; getline; print; exit}' "$SLT")
+  TABLES=()
+  for t in lineitem orders customer part partsupp supplier nation region; do TABLES+=("--table=$t=$DATA/$t.parquet"); done
+  IDXARGS=()
+  for s in "${IDX[@]}"; do IDXARGS+=(-c "$s"); done
+  for limit in 0 4; do
+    log "Q12 EXPLAIN ANALYZE, join_partitioned_max_partitions=$limit"
+    timeout 120 "$BIN" sql "${TABLES[@]}" --tune join_partitioned_max_partitions=$limit "${IDXARGS[@]}" \
+      -c "EXPLAIN ANALYZE $Q12" > "$OUT/q12_explain_limit$limit.txt" 2>&1
+  done
+  for p in 1 2 3; do
+    for limit in 0 4; do
+      log "Q12 timed, join_partitioned_max_partitions=$limit, process $p"
+      RUNS=()
+      for r in 1 2 3 4 5 6; do
+        RUNS+=(-c "SET mphf.enable_join = true" -c "SET mphf.enable_aggregate = true" -c "$Q12")
+        RUNS+=(-c "SET mphf.enable_join = false" -c "SET mphf.enable_aggregate = false" -c "$Q12")
+      done
+      echo "### limit $limit, process $p" >> "$OUT/q12_times.txt"
+      timeout 120 "$BIN" sql --format csv "${TABLES[@]}" --tune join_partitioned_max_partitions=$limit "${IDXARGS[@]}" \
+        "${RUNS[@]}" 2>&1 >/dev/null | grep -E "row\(s\) in" >> "$OUT/q12_times.txt"
     done
   done
   log "done"
