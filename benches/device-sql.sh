@@ -11,6 +11,22 @@ log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nproc > "$OUT/nproc.txt"
 
+# TPC-H SF 1 over Parquet with BIN (benches/distributed_tpch.py, MPHF on and off in the same
+# processes, two processes per cell) on an in-memory cluster of $1 workers (0: one process),
+# into $OUT/$2, once for each planner threshold NAME=VALUE given after them (`--tune`).
+tpch_by_tune() {
+  local workers=$1 file=$2 data=/tmp/tpch1
+  shift 2
+  [ -f "$data/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$data" > "$OUT/tpch_gen.txt" 2>&1
+  for tune in "$@"; do
+    log "BIN: TPC-H SF 1, $workers workers, $tune"
+    echo "### $workers workers, $tune" >> "$OUT/$file"
+    timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$data" --workers "$workers" --processes 2 \
+      --runs 3 --tune "$tune" >> "$OUT/$file" 2>&1
+    echo "exit $?" >> "$OUT/$file"
+  done
+}
+
 if [ "$PART" = clustered ]; then
   # Issue 19: the merge form of a clustered key (l_orderkey), BIN against BASE (a second binary),
   # alternating: the TPC-H GROUP BYs over l_orderkey at SF 1 in two processes each, then at SF 10.
@@ -63,9 +79,8 @@ if [ "$PART" = p16ab ]; then
   # One-for-one Partitioned joins on slots on 16 partitions (session 39): BASE and BIN with
   # every partition building its own slot table (join_partitioned_max_partitions=0), and BIN
   # with the default limit, alternating in three processes; an EXPLAIN ANALYZE of each build
-  # with the limit off; TPC-H Q1-Q22 with BIN, limit off and default, two processes each; then
-  # TPC-H on an in-memory cluster of 4 workers (benches/distributed_tpch.py), BIN with the
-  # limit off and default, two processes each.
+  # with the limit off; then TPC-H on an in-memory cluster of 4 workers, BIN with the limit off
+  # and at 4.
   BASE=${4:?base binary}
   LIMIT0="--tune join_partitioned_max_partitions=0"
   for p in 1 2 3; do
@@ -83,22 +98,7 @@ if [ "$PART" = p16ab ]; then
     timeout 60 "${!b}" bench join --scale 1 --runs 3 --explain --only "lineitem ⋈ orders" --only "customer (custkey)" \
       $LIMIT0 > "$OUT/p16_explain_$b.txt" 2>&1
   done
-  for p in 1 2; do
-    for tune in "$LIMIT0" ""; do
-      log "BIN: bench tpch SF 1 ${tune:-default}, process $p"
-      echo "### ${tune:-default}, process $p" >> "$OUT/p16_tpch.md"
-      timeout 150 "$BIN" bench tpch --scale 1 --runs 5 --markdown $tune >> "$OUT/p16_tpch.md" 2>&1
-    done
-  done
-  DATA=/tmp/tpch1
-  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
-  for tune in "join_partitioned_max_partitions=0" ""; do
-    log "BIN: distributed TPC-H SF 1, 4 workers, ${tune:-default}"
-    echo "### ${tune:-default}" >> "$OUT/p16_dist.md"
-    timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$DATA" --workers 4 --processes 2 --runs 3 \
-      ${tune:+--tune $tune} >> "$OUT/p16_dist.md" 2>&1
-    echo "exit $?" >> "$OUT/p16_dist.md"
-  done
+  tpch_by_tune 4 p16_dist.md join_partitioned_max_partitions=0 join_partitioned_max_partitions=4
   log "done"
   exit 0
 fi
@@ -107,16 +107,8 @@ if [ "$PART" = p16tpch ]; then
   # TPC-H SF 1 over Parquet on all cores with BIN's one-for-one Partitioned joins on any
   # partition count (join_partitioned_max_partitions=0) and with the limit of 4, alternating
   # (benches/distributed_tpch.py): in one process (--workers 0), then on 4 in-memory workers.
-  DATA=/tmp/tpch1
-  [ -f "$DATA/lineitem.parquet" ] || "$BIN" tpch --scale 1 --output "$DATA" > "$OUT/tpch_gen.txt" 2>&1
   for workers in 0 4; do
-    for tune in "join_partitioned_max_partitions=0" "join_partitioned_max_partitions=4"; do
-      log "BIN: TPC-H SF 1, $workers workers, $tune"
-      echo "### $workers workers, $tune" >> "$OUT/p16_tpch_$workers.md"
-      timeout 280 python3 "$(dirname "$0")/distributed_tpch.py" "$BIN" "$DATA" --workers $workers --processes 2 \
-        --runs 3 --tune $tune >> "$OUT/p16_tpch_$workers.md" 2>&1
-      echo "exit $?" >> "$OUT/p16_tpch_$workers.md"
-    done
+    tpch_by_tune $workers "p16_tpch_$workers.md" join_partitioned_max_partitions=0 join_partitioned_max_partitions=4
   done
   log "done"
   exit 0
