@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -234,6 +234,24 @@ if [ "$PART" = suites ]; then
   log "bench sparse, 30 M rows, 16 partitions"
   timeout 240 "$BIN" bench sparse --rows 30000000 --runs 5 --parquet /tmp/sparse30m --markdown \
     > "$OUT/sparse_30m_p16.md" 2>> "$OUT/suites.err"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = suites4w ]; then
+  # Issue 20: `mphf bench SUITE` (groupby or join, SF 1) on 16 cores in one process in memory,
+  # in one process over Parquet, and on in-memory clusters of 4 workers over the same Parquet
+  # files, two processes of each, alternating; one file per form.
+  SUITE=${4:?suite: groupby or join}
+  for p in 1 2; do
+    for form in memory parquet w4; do
+      case $form in memory) flags=();; parquet) flags=(--parquet);; w4) flags=(--workers 4);; esac
+      log "bench $SUITE SF 1, $form, process $p"
+      timeout 150 "$BIN" bench "$SUITE" --scale 1 --runs 3 --markdown "${flags[@]}" \
+        >> "$OUT/${SUITE}_$form.md" 2>> "$OUT/suites4w.err"
+      echo "exit $?" >> "$OUT/${SUITE}_$form.md"
+    done
+  done
   log "done"
   exit 0
 fi

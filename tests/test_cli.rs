@@ -719,6 +719,56 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
     assert!(err.contains("--runs must be at least 1"), "{err}");
 }
 
+/// `mphf bench groupby|join --workers 2`: the suites' tables written as Parquet and read by two
+/// in-memory clusters, each query's rows compared, and `mphf demo` refusing `--workers`.
+#[cfg(feature = "distributed")]
+#[test]
+fn groupby_and_join_benches_run_on_workers() {
+    let bench = |suite: &str, only: [&str; 2]| {
+        ok(&[
+            "bench",
+            suite,
+            "--workers",
+            "2",
+            "--scale",
+            "0.01",
+            "--partitions",
+            "2",
+            "--runs",
+            "1",
+            "--only",
+            only[0],
+            "--only",
+            only[1],
+        ])
+    };
+    let out = bench("join", ["string key", "semi"]);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("orders ⋈ customer (string key)") || l.starts_with("lineitem ⋉ orders"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
+    // The string-key table exists only as Parquet written by the run; its index was built.
+    assert!(out.contains("| ob_cname "), "{out}");
+
+    let out = bench("groupby", ["one table", "membership"]);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("GROUP BY o_cname") || l.starts_with("membership"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
+
+    let err = fails(&["demo", "--workers", "2"]);
+    assert!(
+        err.contains(
+            "--workers and --parquet are for `mphf bench groupby` and `mphf bench join`; `mphf demo` runs in memory in one process"
+        ),
+        "{err}"
+    );
+}
+
 /// Runs `mphf args`, killed after `secs` seconds (a hung cluster fails the test, never CI).
 #[cfg(feature = "distributed")]
 fn mphf_within(args: &[&str], secs: u64) -> Output {

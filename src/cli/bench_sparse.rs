@@ -37,16 +37,14 @@ use std::time::Instant;
 use ::datafusion::arrow::array::{ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringBuilder};
 use ::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use ::datafusion::datasource::MemTable;
-use ::datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use ::datafusion::prelude::SessionConfig;
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
 use rayon::prelude::*;
 use serde_json::{json, Value};
 
 use super::allocator::purge_freed_memory_at_once;
+use super::bench_tables::{parquet_sessions, sessions, split, write_table, Sessions, TempDir};
 use super::demo::{mphf_operators, rows_of};
 use super::timing::time_both;
 use crate::core::hash::mix64;
@@ -148,9 +146,6 @@ const INDEXES: &[(&str, &str, &str)] = &[
     ("ev_session", "events", "session"),
     ("dims_id", "dims", "id"),
 ];
-
-/// Rows per Parquet row group at most (fewer for small files, so each file has several).
-const MAX_ROW_GROUP_ROWS: usize = 1 << 20;
 
 /// Row count from which freed memory goes back to the OS at once (as `mphf demo` at SF ≥ 5).
 const LARGE_ROWS: u64 = 50_000_000;
@@ -360,94 +355,16 @@ pub fn generate(shape: Shape) -> Result<Data> {
     })
 }
 
-/// `batches` split into `parts` runs of consecutive batches (none empty unless all are).
-fn split<T: Clone>(batches: &[T], parts: usize) -> Vec<Vec<T>> {
-    let per = batches.len().div_ceil(parts.max(1)).max(1);
-    let mut out: Vec<Vec<T>> = batches.chunks(per).map(<[T]>::to_vec).collect();
-    if out.is_empty() {
-        out.push(Vec::new());
-    }
-    out
-}
-
-/// One mode's two sessions over the same tables.
-struct Sessions {
-    vanilla: SessionContext,
-    mphf: MphfContext,
-}
-
 /// Both sessions over in-memory tables (one `MemTable` per table, shared by the sessions).
 fn memory_sessions(config: &SessionConfig, data: &Data) -> Result<Sessions> {
     let parts = config.target_partitions();
-    let s = Sessions {
-        vanilla: SessionContext::new_with_config(config.clone()),
-        mphf: MphfContext::with_config(config.clone()),
-    };
+    let s = sessions(config, 0)?;
     for (name, (schema, batches)) in [("events", &data.events), ("dims", &data.dims)] {
         let mem = Arc::new(MemTable::try_new(Arc::clone(schema), split(batches, parts))?);
         s.vanilla.register_table(name, Arc::clone(&mem) as _)?;
         s.mphf.ctx().register_table(name, mem)?;
     }
     Ok(s)
-}
-
-/// Both sessions over the Parquet folders `dir/events/` and `dir/dims/`; with `workers` > 0,
-/// each session the coordinator of its own in-memory cluster of that many workers.
-async fn parquet_sessions(config: &SessionConfig, dir: &Path, workers: usize) -> Result<Sessions> {
-    let s = match workers {
-        0 => Sessions {
-            vanilla: SessionContext::new_with_config(config.clone()),
-            mphf: MphfContext::with_config(config.clone()),
-        },
-        _ => cluster_sessions(config, workers)?,
-    };
-    for name in ["events", "dims"] {
-        let path = format!("{}/", dir.join(name).display());
-        s.vanilla
-            .register_parquet(name, &path, ParquetReadOptions::default())
-            .await?;
-        s.mphf.register_parquet(name, &path).await?;
-    }
-    Ok(s)
-}
-
-/// The two sessions on in-memory clusters of `workers` workers each: DataFusion's own plans
-/// for the vanilla one (no MPHF rules on its coordinator), the extension's for the other.
-#[cfg(feature = "distributed")]
-fn cluster_sessions(config: &SessionConfig, workers: usize) -> Result<Sessions> {
-    use crate::datafusion::distributed::InMemoryCluster;
-    use ::datafusion::execution::SessionStateBuilder;
-    let builder = || {
-        SessionStateBuilder::new()
-            .with_default_features()
-            .with_config(config.clone())
-    };
-    let vanilla = InMemoryCluster::new(workers).start(builder())?.build();
-    Ok(Sessions {
-        vanilla: SessionContext::new_with_state(vanilla),
-        mphf: MphfContext::with_state_builder(InMemoryCluster::new(workers).start(builder())?),
-    })
-}
-
-#[cfg(not(feature = "distributed"))]
-fn cluster_sessions(_config: &SessionConfig, _workers: usize) -> Result<Sessions> {
-    bail!("--workers needs the `distributed` feature; build with the default features")
-}
-
-/// Removes the Parquet files a previous run left in `folder` (`part-*.parquet`, nothing else).
-fn remove_old_parts(folder: &Path) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(folder) else {
-        return Ok(());
-    };
-    for entry in entries {
-        let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("part-") && name.ends_with(".parquet") && entry.file_type()?.is_file() {
-            std::fs::remove_file(entry.path()).with_context(|| format!("removing {}", entry.path().display()))?;
-        }
-    }
-    Ok(())
 }
 
 /// Removes the saved indexes a previous run left for `table` (`_mphf/<table>.<column>.mphf` of
@@ -465,50 +382,6 @@ fn remove_old_indexes(folder: &Path, table: &str) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Writes `batches` as one Parquet file with row groups of at most `group_rows` rows.
-fn write_file(path: &Path, schema: &SchemaRef, batches: &[RecordBatch], group_rows: usize) -> Result<()> {
-    let file = crate::atomic_file::AtomicFile::create(path).with_context(|| format!("creating {}", path.display()))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .set_max_row_group_row_count(Some(group_rows.max(1)))
-        .build();
-    let mut writer = ArrowWriter::try_new(file, Arc::clone(schema), Some(props))?;
-    for b in batches {
-        writer.write(b)?;
-    }
-    writer
-        .into_inner()?
-        .commit()
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
-}
-
-/// Writes one table as `dir/name/part-NN.parquet`, `files` files (in parallel), each with about
-/// four row groups.
-fn write_table(dir: &Path, name: &str, (schema, batches): &(SchemaRef, Vec<RecordBatch>), files: usize) -> Result<()> {
-    let folder = dir.join(name);
-    std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
-    remove_old_parts(&folder)?;
-    remove_old_indexes(&folder, name)?;
-    let parts = split(batches, files);
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = parts
-            .iter()
-            .enumerate()
-            .map(|(f, part)| {
-                let path = folder.join(format!("part-{f:02}.parquet"));
-                let rows: usize = part.iter().map(RecordBatch::num_rows).sum();
-                let group_rows = rows.div_ceil(4).clamp(1, MAX_ROW_GROUP_ROWS);
-                s.spawn(move || write_file(&path, schema, part, group_rows))
-            })
-            .collect();
-        jobs.into_iter().try_for_each(|j| {
-            j.join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("a Parquet writer thread panicked")))
-        })
-    })
 }
 
 /// The query list as JSON (what `benches/duckdb_sparse.py` runs).
@@ -530,8 +403,11 @@ fn write_json(path: &Path, value: &Value) -> Result<()> {
 fn write_parquet(dir: &Path, data: &Data, parts: usize, queries: &[&Query]) -> Result<()> {
     let t = Instant::now();
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    write_table(dir, "events", &data.events, parts.max(2))?;
-    write_table(dir, "dims", &data.dims, 1)?;
+    for (name, table, files) in [("events", &data.events, parts.max(2)), ("dims", &data.dims, 1)] {
+        let folder = dir.join(name);
+        remove_old_indexes(&folder, name)?;
+        write_table(&folder, table, files)?;
+    }
     write_json(
         &dir.join("queries.json"),
         &json!({ "tables": { "events": "events", "dims": "dims" }, "queries": queries_json(queries) }),
@@ -542,20 +418,6 @@ fn write_parquet(dir: &Path, data: &Data, parts: usize, queries: &[&Query]) -> R
         t.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// A Parquet folder that is removed when dropped (the default, temporary one).
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        match std::fs::remove_dir_all(&self.0) {
-            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-                eprintln!("could not remove {}: {err}", self.0.display())
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Creates the MPHF session's indexes on `tables` (a subset of [`INDEXES`]'s); returns each
@@ -767,7 +629,7 @@ pub async fn run(args: BenchSparseArgs) -> Result<()> {
     }
     drop(data);
     if wants_parquet {
-        let s = parquet_sessions(&config, &dir, args.workers).await?;
+        let s = parquet_sessions(&config, &dir, &["events", "dims"], args.workers).await?;
         outcomes.extend(run_mode(&s, "parquet", &queries, &args, &mut builds).await?);
     }
     if let Some(path) = &args.json {
@@ -866,14 +728,5 @@ mod tests {
         }
         assert_eq!(texts.len(), 5000);
         assert_eq!(buf.iter().filter(|&&b| b == b'-').count(), 4);
-    }
-
-    #[test]
-    fn split_keeps_every_batch_in_order() {
-        let v: Vec<u32> = (0..10).collect();
-        let parts = split(&v, 3);
-        assert_eq!(parts.concat(), v);
-        assert_eq!(parts.len(), 3);
-        assert_eq!(split::<u32>(&[], 4), vec![Vec::<u32>::new()]);
     }
 }

@@ -25,6 +25,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use super::allocator::purge_freed_memory_at_once;
+use super::bench_tables::{parquet_sessions, write_table, Sessions, TempDir};
 use super::timing::time_both;
 use crate::datafusion::tpch::generate;
 use crate::datafusion::MphfContext;
@@ -63,6 +64,15 @@ pub struct DemoArgs {
     /// (applied before `--tune`).
     #[arg(long, value_name = "FILE")]
     pub costs: Option<std::path::PathBuf>,
+    /// `mphf bench groupby|join` only: run both sessions on in-memory clusters of N
+    /// datafusion-distributed workers in this process, over the tables written as Parquet to a
+    /// temporary folder (a worker cannot read an in-memory table; implies `--parquet`).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub workers: usize,
+    /// `mphf bench groupby|join` only: read the tables from Parquet files written to a
+    /// temporary folder, not from memory (the one-process counterpart of `--workers`).
+    #[arg(long)]
+    pub parquet: bool,
 }
 
 /// Changes the planner's thresholds of `mphf` by `tune`'s `NAME=VALUE` pairs, in order, saying
@@ -299,6 +309,55 @@ pub(super) fn tpch_sessions(
     Ok((mphf, vanilla, parts))
 }
 
+/// The in-memory TPC-H `tables` (and `orders_by_name` when `with_orders_by_name`) written as
+/// Parquet under a new temporary folder, `parts` files a table, and the two sessions over them,
+/// in this process (`workers` 0) or each on its own in-memory cluster of `workers` workers (see
+/// [`bench_tables`](super::bench_tables)). The folder goes when the returned [`TempDir`] is
+/// dropped.
+///
+/// # Errors
+/// Generation, Parquet and cluster errors.
+async fn tpch_parquet_sessions(
+    scale: f64,
+    parts: usize,
+    tables: &[&str],
+    with_orders_by_name: bool,
+    workers: usize,
+) -> Result<(Sessions, TempDir)> {
+    let dir = std::env::temp_dir().join(format!("mphf-bench-tpch-{}", std::process::id()));
+    let temp = TempDir(dir.clone());
+    let config = SessionConfig::new().with_target_partitions(parts);
+    // The tables, and `orders_by_name` derived from them, in a scratch session first.
+    let scratch = SessionContext::new_with_config(config.clone());
+    eprintln!(
+        "generating TPC-H SF {scale} ({parts} partitions) and writing it to {}...",
+        dir.display()
+    );
+    for &table in tables {
+        let (schema, batches) = generate(table, scale, parts, &|_| {})?;
+        scratch.register_table(table, Arc::new(MemTable::try_new(schema, batches)?))?;
+    }
+    let mut names = tables.to_vec();
+    if with_orders_by_name {
+        scratch.sql(ORDERS_BY_NAME).await?.collect().await?;
+        names.push("orders_by_name");
+    }
+    for &table in &names {
+        let frame = scratch.table(table).await?;
+        let schema = Arc::clone(frame.schema().inner());
+        let batches = frame.collect().await?;
+        write_table(&dir.join(table), &(schema, batches), parts)?;
+        scratch.deregister_table(table)?;
+    }
+    let s = parquet_sessions(&config, &dir, &names, workers).await?;
+    Ok((s, temp))
+}
+
+/// A string join key: each order with its customer's name (`orders_by_name`, the same data in
+/// both sessions).
+const ORDERS_BY_NAME: &str = "CREATE TABLE orders_by_name AS SELECT o_orderkey, o_totalprice, \
+                              'Customer#' || lpad(CAST(o_custkey AS VARCHAR), 9, '0') AS o_cname FROM orders";
+
 /// Runs `SET KEY = VALUE` in `mphf` for each `KEY=VALUE` of `settings` (`--set`).
 ///
 /// # Errors
@@ -347,15 +406,32 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             .iter()
             .any(|(_, q_mphf, q_vanilla)| q_mphf.contains(name) || q_vanilla.contains(name))
     };
-    let t = Instant::now();
-    let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &["customer", "orders", "lineitem"])?;
-    if reads("orders_by_name") {
-        // A string join key: each order with its customer's name (same data in both sessions).
-        let by_name = "CREATE TABLE orders_by_name AS SELECT o_orderkey, o_totalprice, \
-                       'Customer#' || lpad(CAST(o_custkey AS VARCHAR), 9, '0') AS o_cname FROM orders";
-        mphf.ctx().sql(by_name).await?.collect().await?;
-        vanilla.sql(by_name).await?.collect().await?;
+    if (args.workers > 0 || args.parquet) && suite == Suite::Demo {
+        bail!("--workers and --parquet are for `mphf bench groupby` and `mphf bench join`; `mphf demo` runs in memory in one process");
     }
+    let t = Instant::now();
+    let tables = ["customer", "orders", "lineitem"];
+    let (mphf, vanilla, parts, _temp) = if args.workers == 0 && !args.parquet {
+        let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &tables)?;
+        if reads("orders_by_name") {
+            mphf.ctx().sql(ORDERS_BY_NAME).await?.collect().await?;
+            vanilla.sql(ORDERS_BY_NAME).await?.collect().await?;
+        }
+        (mphf, vanilla, parts, None)
+    } else {
+        let parts = args
+            .partitions
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let (s, temp) =
+            tpch_parquet_sessions(args.scale, parts, &tables, reads("orders_by_name"), args.workers).await?;
+        if args.workers > 0 {
+            eprintln!(
+                "{} workers per session, each an in-memory datafusion-distributed worker",
+                args.workers
+            );
+        }
+        (s.mphf, s.vanilla, parts, Some(temp))
+    };
     eprintln!("generated in {:.1} s", t.elapsed().as_secs_f64());
 
     let indexes = [

@@ -10,6 +10,7 @@ pub mod bench_build;
 pub mod bench_planning;
 pub mod bench_slots;
 pub mod bench_sparse;
+mod bench_tables;
 pub mod bench_tpch;
 pub mod build;
 pub mod calibrate;
