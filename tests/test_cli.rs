@@ -717,6 +717,15 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
     assert!(err.contains("--only takes query numbers 1 to 22, got 23"), "{err}");
     let err = fails(&["bench", "tpch", "--runs", "0"]);
     assert!(err.contains("--runs must be at least 1"), "{err}");
+    // A bad threshold fails before any data is generated, in every benchmark that takes one.
+    for bench in ["tpch", "sparse", "join"] {
+        let err = fails(&["bench", bench, "--tune", "no_such=1"]);
+        assert!(
+            err.contains("no planner threshold or cost constant named \"no_such\""),
+            "{bench}: {err}"
+        );
+        assert!(!err.contains("generat"), "{bench}: {err}");
+    }
 }
 
 /// `mphf bench groupby|join --workers 2`: the suites' tables written as Parquet and read by two

@@ -45,9 +45,10 @@ use serde_json::{json, Value};
 
 use super::allocator::purge_freed_memory_at_once;
 use super::bench_tables::{parquet_sessions, sessions, split, write_table, Sessions, TempDir};
-use super::demo::{mphf_operators, rows_of};
+use super::demo::{apply_tuning, mphf_operators, rows_of, tuned};
 use super::timing::time_both;
 use crate::core::hash::mix64;
+use crate::datafusion::plan::tuning::Tuning;
 use crate::datafusion::MphfContext;
 
 /// Arguments of `mphf bench sparse`.
@@ -90,6 +91,10 @@ pub struct BenchSparseArgs {
     /// in-memory tables cannot reach a worker in another process. 0: no cluster.
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
+    /// `NAME=VALUE`: one of the planner's thresholds (`Tuning`, not a setting) changed in the
+    /// MPHF sessions (repeatable), e.g. `--tune join_partitioned_max_partitions=0`.
+    #[arg(long = "tune", value_name = "NAME=VALUE")]
+    pub tune: Vec<String>,
 }
 
 /// The storage modes of a run.
@@ -559,6 +564,7 @@ async fn run_mode(
     for (name, ms) in create_indexes(&s.mphf, mode, &["events", "dims"]).await? {
         builds.push(json!({ "mode": mode, "index": name, "ms": ms }));
     }
+    apply_tuning(&s.mphf, &args.tune)?;
     print_header(args.markdown);
     let mut outcomes = Vec::new();
     for q in queries {
@@ -579,6 +585,7 @@ pub async fn run(args: BenchSparseArgs) -> Result<()> {
         bail!("--runs must be at least 1");
     }
     let parts = partitions(args.partitions)?;
+    tuned(Tuning::default(), &args.tune)?;
     let config = SessionConfig::new().with_target_partitions(parts);
     let shape = Shape::new(args.rows, args.distinct, args.seed, config.batch_size())?;
     let queries = selected(&args.only);

@@ -22,10 +22,11 @@ use clap::Args;
 
 use super::allocator::purge_freed_memory_at_once;
 use super::bench_planning::mphf_nodes;
-use super::demo::{apply_settings, tpch_sessions, LARGE_SCALE};
+use super::demo::{apply_settings, apply_tuning, tpch_sessions, tuned, LARGE_SCALE};
 use super::difftest::cells::Rows;
 use super::difftest::tpch_suite;
 use super::timing::time_both;
+use crate::datafusion::plan::tuning::Tuning;
 use crate::datafusion::tpch::TABLES;
 
 /// Arguments of `mphf bench tpch`.
@@ -53,6 +54,10 @@ pub struct BenchTpchArgs {
     /// e.g. `--set mphf.aggregate_device=cpu`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// `NAME=VALUE`: one of the planner's thresholds (`Tuning`, not a setting) changed in the
+    /// MPHF session (repeatable), e.g. `--tune join_partitioned_max_partitions=0`.
+    #[arg(long = "tune", value_name = "NAME=VALUE")]
+    pub tune: Vec<String>,
 }
 
 /// The rows of `df`; an empty result keeps its schema in one empty batch, so that its rows can
@@ -78,6 +83,7 @@ pub async fn run(args: BenchTpchArgs) -> Result<()> {
     if let Some(&q) = args.only.iter().find(|&&q| !(1..=22).contains(&q)) {
         bail!("--only takes query numbers 1 to 22, got {q}");
     }
+    tuned(Tuning::default(), &args.tune)?;
     if args.scale >= LARGE_SCALE {
         purge_freed_memory_at_once();
     }
@@ -89,6 +95,7 @@ pub async fn run(args: BenchTpchArgs) -> Result<()> {
         eprintln!("{statement}: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
     }
     apply_settings(&mphf, &args.set).await?;
+    apply_tuning(&mphf, &args.tune)?;
     let sep = if args.markdown { "|" } else { "" };
     if args.markdown {
         println!("| query | vanilla ms | mphf ms | speed-up | MPHF nodes | declined | same rows |\n|---|---|---|---|---|---|---|");

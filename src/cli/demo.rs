@@ -27,6 +27,7 @@ use clap::Args;
 use super::allocator::purge_freed_memory_at_once;
 use super::bench_tables::{parquet_sessions, write_table, Sessions, TempDir};
 use super::timing::time_both;
+use crate::datafusion::plan::tuning::Tuning;
 use crate::datafusion::tpch::generate;
 use crate::datafusion::MphfContext;
 
@@ -79,18 +80,29 @@ pub struct DemoArgs {
 /// each on stderr (`--tune` of `mphf bench` and `mphf sql`).
 ///
 /// # Errors
-/// A pair without `=`, an unknown name or a value that does not parse (see `Tuning::assign`).
+/// Those of [`tuned`].
 pub(crate) fn apply_tuning(mphf: &MphfContext, tune: &[String]) -> Result<()> {
+    let tuning = tuned(mphf.tuning(), tune)?;
+    mphf.tune(|t| *t = tuning);
+    for threshold in tune {
+        eprintln!("tune {}", threshold.trim());
+    }
+    Ok(())
+}
+
+/// `tuning` changed by `tune`'s `NAME=VALUE` pairs, in order (also how a benchmark checks its
+/// `--tune` before it generates data).
+///
+/// # Errors
+/// A pair without `=`, an unknown name or a value that does not parse (see `Tuning::assign`).
+pub(crate) fn tuned(mut tuning: Tuning, tune: &[String]) -> Result<Tuning> {
     for threshold in tune {
         let Some((name, value)) = threshold.split_once('=') else {
             bail!("--tune takes NAME=VALUE, got {threshold:?}");
         };
-        let mut tuning = mphf.tuning();
         tuning.assign(name.trim(), value)?;
-        mphf.tune(|t| *t = tuning);
-        eprintln!("tune {} = {}", name.trim(), value.trim());
     }
-    Ok(())
+    Ok(tuning)
 }
 
 /// Which queries a run shows.
@@ -406,6 +418,7 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
             .iter()
             .any(|(_, q_mphf, q_vanilla)| q_mphf.contains(name) || q_vanilla.contains(name))
     };
+    tuned(Tuning::default(), &args.tune)?;
     if (args.workers > 0 || args.parquet) && suite == Suite::Demo {
         bail!("--workers and --parquet are for `mphf bench groupby` and `mphf bench join`; `mphf demo` runs in memory in one process");
     }
