@@ -672,22 +672,21 @@ fn calibrate_writes_costs_that_sql_reads() {
     );
 }
 
+/// `mphf bench ARGS…` on TPC-H SF 0.01, 2 partitions, one run per query, only the queries
+/// `only` names; its stdout.
+fn small_bench(args: &[&str], only: &[&str]) -> String {
+    let mut all = vec!["bench"];
+    all.extend(args);
+    all.extend(["--scale", "0.01", "--partitions", "2", "--runs", "1"]);
+    for o in only {
+        all.extend(["--only", o]);
+    }
+    ok(&all)
+}
+
 #[test]
 fn tpch_benches_time_the_suite_and_check_its_rows() {
-    let out = ok(&[
-        "bench",
-        "tpch",
-        "--scale",
-        "0.01",
-        "--partitions",
-        "2",
-        "--runs",
-        "1",
-        "--only",
-        "3",
-        "--only",
-        "18",
-    ]);
+    let out = small_bench(&["tpch"], &["3", "18"]);
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('Q')).collect();
     assert_eq!(lines.len(), 2, "{out}");
     assert!(lines[0].starts_with("Q3 ") && lines[1].starts_with("Q18 "), "{out}");
@@ -733,41 +732,21 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
 #[cfg(feature = "distributed")]
 #[test]
 fn groupby_and_join_benches_run_on_workers() {
-    let bench = |suite: &str, only: [&str; 2]| {
-        ok(&[
-            "bench",
-            suite,
-            "--workers",
-            "2",
-            "--scale",
-            "0.01",
-            "--partitions",
-            "2",
-            "--runs",
-            "1",
-            "--only",
-            only[0],
-            "--only",
-            only[1],
-        ])
+    // Each selected query's row (by label prefix) says its rows were the same in both sessions.
+    let rows_equal = |out: &str, labels: [&str; 2]| {
+        let rows: Vec<&str> = out
+            .lines()
+            .filter(|l| labels.iter().any(|p| l.starts_with(p)))
+            .collect();
+        assert_eq!(rows.len(), 2, "{out}");
+        assert!(rows.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
     };
-    let out = bench("join", ["string key", "semi"]);
-    let rows: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("orders ⋈ customer (string key)") || l.starts_with("lineitem ⋉ orders"))
-        .collect();
-    assert_eq!(rows.len(), 2, "{out}");
-    assert!(rows.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
+    let out = small_bench(&["join", "--workers", "2"], &["string key", "semi"]);
+    rows_equal(&out, ["orders ⋈ customer (string key)", "lineitem ⋉ orders"]);
     // The string-key table exists only as Parquet written by the run; its index was built.
     assert!(out.contains("| ob_cname "), "{out}");
-
-    let out = bench("groupby", ["one table", "membership"]);
-    let rows: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("GROUP BY o_cname") || l.starts_with("membership"))
-        .collect();
-    assert_eq!(rows.len(), 2, "{out}");
-    assert!(rows.iter().all(|l| l.trim_end().ends_with("yes")), "{out}");
+    let out = small_bench(&["groupby", "--workers", "2"], &["one table", "membership"]);
+    rows_equal(&out, ["GROUP BY o_cname", "membership"]);
 
     let err = fails(&["demo", "--workers", "2"]);
     assert!(
