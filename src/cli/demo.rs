@@ -1,6 +1,9 @@
 //! `mphf demo`, `mphf bench groupby` and `mphf bench join`: the same queries on the same
 //! in-memory TPC-H data in two sessions of one process, vanilla DataFusion and the MPHF
-//! extension, with the rows checked equal and the median times compared.
+//! extension, with the rows checked equal and the median times compared. With `--parquet` the
+//! benches read the same data written as Parquet to a temporary folder; with `--workers N` each
+//! session is the coordinator of its own in-memory cluster of N workers over those files (a
+//! worker cannot read an in-memory table).
 //!
 //! The MPHF session has indexes on `orders.o_orderkey`, `lineitem.l_orderkey`,
 //! `lineitem.l_suppkey`, `lineitem.l_partkey`, `customer.c_custkey` and the string key
