@@ -299,6 +299,11 @@ async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
 /// with freed memory kept 10 ms, and not without it.
 pub(super) const LARGE_SCALE: f64 = 5.0;
 
+/// `partitions`, or the available cores without it (`--partitions`' default).
+fn partitions_or_cores(partitions: Option<usize>) -> usize {
+    partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// An MPHF session and a vanilla session with `partitions` target partitions (default: the
 /// available cores; returned third), both reading the same in-memory TPC-H `tables` at scale
 /// `scale`.
@@ -310,7 +315,7 @@ pub(super) fn tpch_sessions(
     partitions: Option<usize>,
     tables: &[&str],
 ) -> Result<(MphfContext, SessionContext, usize)> {
-    let parts = partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let parts = partitions_or_cores(partitions);
     let config = SessionConfig::new().with_target_partitions(parts);
     let mphf = MphfContext::with_config(config.clone());
     let vanilla = SessionContext::new_with_config(config);
@@ -435,9 +440,7 @@ pub async fn run(args: DemoArgs, suite: Suite) -> Result<()> {
         }
         (mphf, vanilla, parts, None)
     } else {
-        let parts = args
-            .partitions
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let parts = partitions_or_cores(args.partitions);
         let (s, temp) =
             tpch_parquet_sessions(args.scale, parts, &tables, reads("orders_by_name"), args.workers).await?;
         if args.workers > 0 {

@@ -52,7 +52,6 @@ use ::datafusion::execution::memory_pool::MemoryReservation;
 use ::datafusion::execution::SendableRecordBatchStream;
 use ::datafusion::physical_expr::PhysicalExprRef;
 use futures::StreamExt;
-use rayon::prelude::*;
 
 use super::build_threads::BuildThreads;
 use super::ranked::RankedSlots;
@@ -426,17 +425,12 @@ const PAR_CHUNK: usize = 1 << 16;
 /// The slots of every build key, looked up in chunks on the build's `threads` (the build side
 /// is collected into one batch, so without this a collected build would run on one core).
 fn slots_of_keys(index: &ColumnIndex, keys: &ArrayRef, threads: BuildThreads) -> Result<Vec<u64>> {
-    let chunks = threads.map_ranges(keys.len(), PAR_CHUNK, |rows| {
+    threads.try_concat_ranges(keys.len(), PAR_CHUNK, |rows| {
         let mut out = Vec::new();
         index
             .lookup_slots(keys.slice(rows.start, rows.len()).as_ref(), &mut out)
             .map_err(to_df)?;
         Ok(out)
-    });
-    let mut chunks = chunks.into_iter().collect::<Result<Vec<_>>>()?;
-    Ok(match chunks.len() {
-        1 => chunks.pop().unwrap_or_default(),
-        _ => chunks.concat(),
     })
 }
 
@@ -546,10 +540,9 @@ fn lay_out(
 /// The unique layout (each slot's one row), filled in parallel; `None` once a slot is found to
 /// hold two rows.
 fn unique_layout(slots: &[u64], n_slots: usize, threads: BuildThreads) -> Option<Vec<u32>> {
-    let cells: Vec<AtomicU32> = match threads {
-        BuildThreads::AllCores => (0..n_slots).into_par_iter().map(|_| AtomicU32::new(NO_ROW)).collect(),
-        BuildThreads::Caller => (0..n_slots).map(|_| AtomicU32::new(NO_ROW)).collect(),
-    };
+    let cells: Vec<AtomicU32> = threads.concat_ranges(n_slots, PAR_CHUNK, |range| {
+        range.map(|_| AtomicU32::new(NO_ROW)).collect()
+    });
     let duplicated = AtomicBool::new(false);
     threads.map_ranges(slots.len(), PAR_CHUNK, |rows| {
         for (r, &s) in rows.clone().zip(&slots[rows]) {

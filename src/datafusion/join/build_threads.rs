@@ -36,6 +36,14 @@ impl BuildThreads {
         }
     }
 
+    /// Threads the work is spread over: rayon's on all cores, 1 on the caller.
+    pub fn spread(self) -> usize {
+        match self {
+            Self::AllCores => rayon::current_num_threads(),
+            Self::Caller => 1,
+        }
+    }
+
     /// `f` over `0..len`: in ranges of `chunk` on all cores, or as one range on the caller.
     /// The results come back in range order (none for `len == 0` on all cores, one on the
     /// caller).
@@ -59,6 +67,27 @@ impl BuildThreads {
             Self::AllCores => par_ranges(len, chunk).flat_map_iter(f).collect(),
         }
     }
+
+    /// As [`BuildThreads::concat_ranges`] for an `f` that may fail: the first error in range
+    /// order, or the vectors concatenated (one range's vector as it is, without a copy).
+    ///
+    /// # Errors
+    /// The error of the first range that fails.
+    pub fn try_concat_ranges<T: Send, E: Send>(
+        self,
+        len: usize,
+        chunk: usize,
+        f: impl Fn(Range<usize>) -> Result<Vec<T>, E> + Sync + Send,
+    ) -> Result<Vec<T>, E> {
+        let mut parts = self
+            .map_ranges(len, chunk, f)
+            .into_iter()
+            .collect::<Result<Vec<_>, E>>()?;
+        Ok(match parts.len() {
+            1 => parts.pop().unwrap_or_default(),
+            _ => parts.into_iter().flatten().collect(),
+        })
+    }
 }
 
 /// The ranges of `chunk` items (at least 1) that cover `0..len` in order, for rayon.
@@ -81,6 +110,16 @@ mod tests {
                 let got: Vec<usize> = threads.map_ranges(len, 7, |r| r.collect::<Vec<_>>()).concat();
                 assert_eq!(got, expected, "{threads:?}, {len} items");
                 assert_eq!(threads.concat_ranges(len, 7, |r| r.collect()), expected);
+                assert_eq!(
+                    threads.try_concat_ranges(len, 7, |r| Ok::<_, ()>(r.collect())),
+                    Ok(expected.clone())
+                );
+                let failing = threads.try_concat_ranges(len, 7, |r| match r.contains(&5) {
+                    true => Err(r.start),
+                    false => Ok(r.collect()),
+                });
+                // Item 5 lies in the range that starts at 0 in both forms (ranges of 7, or one).
+                assert_eq!(failing, if len > 5 { Err(0) } else { Ok(expected.clone()) });
             }
         }
         assert_eq!(BuildThreads::Caller.map_ranges(10, 3, |r| r.len()), vec![10]);

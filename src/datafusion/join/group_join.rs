@@ -118,11 +118,7 @@ impl BuildGroups {
         let schema = batch.schema();
         let fields: Vec<Field> = columns.iter().map(|&c| schema.field(c).clone()).collect();
         let schema = Arc::new(Schema::new(fields));
-        let chunk_threads = match threads {
-            BuildThreads::AllCores => rayon::current_num_threads(),
-            BuildThreads::Caller => 1,
-        };
-        let chunks = group_chunks(rows, chunk_threads);
+        let chunks = group_chunks(rows, threads.spread());
         // Each chunk's rows interned on its own, at once: local ids and the chunk's values.
         let intern = |&(offset, len): &(usize, usize)| -> Result<(Vec<usize>, Vec<ArrayRef>)> {
             let slice: Vec<ArrayRef> = arrays.iter().map(|a| a.slice(offset, len)).collect();
