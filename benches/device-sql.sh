@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -234,6 +234,23 @@ if [ "$PART" = suites ]; then
   log "bench sparse, 30 M rows, 16 partitions"
   timeout 240 "$BIN" bench sparse --rows 30000000 --runs 5 --parquet /tmp/sparse30m --markdown \
     > "$OUT/sparse_30m_p16.md" 2>> "$OUT/suites.err"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = w4ab ]; then
+  # Issue 20: `mphf bench SUITE` (groupby or join, SF 1) on in-memory clusters of 4 workers, BIN
+  # against BASE (a second binary), alternating, two processes of each; one file per binary.
+  BASE=${4:?base binary}
+  SUITE=${5:?suite: groupby or join}
+  for p in 1 2; do
+    for b in BASE BIN; do
+      log "$b: bench $SUITE SF 1, 4 workers, process $p"
+      timeout 300 "${!b}" bench "$SUITE" --scale 1 --runs 3 --markdown --workers 4 \
+        >> "$OUT/${SUITE}_w4_$b.md" 2>> "$OUT/w4ab.err"
+      echo "exit $?" >> "$OUT/${SUITE}_w4_$b.md"
+    done
+  done
   log "done"
   exit 0
 fi

@@ -924,3 +924,70 @@ async fn partitioned_joins_ship_scan_slots_only_for_keys_without_a_dense_table()
         assert_eq!(got, want, "{sql}:\n{text}");
     }
 }
+
+/// Keys with NULLs (every 101st row), as integers and as strings, over two Parquet files.
+const KEYED_ROWS: &str = "SELECT CASE WHEN v % 101 = 0 THEN NULL ELSE (v * 7919) % 5000 END AS k, \
+                          CASE WHEN v % 101 = 0 THEN NULL ELSE 'id-' || ((v * 7919) % 5000) END AS s, \
+                          v % 97 AS x, CAST(v AS DOUBLE) AS amount FROM generate_series(1, 40000) AS t(v)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_aggregates_on_workers_merge_the_partials_by_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("keyed");
+    let setup = MphfContext::new();
+    write_parts(&folder, &halves(setup_rows(&setup, KEYED_ROWS).await));
+    let vanilla = vanilla_parquet(&[("keyed", folder.clone())]).await;
+    let queries = [
+        "SELECT k, count(*), sum(amount), avg(x), min(x), max(amount) FROM keyed GROUP BY k",
+        "SELECT s, count(*), sum(x), count(amount) FROM keyed GROUP BY s",
+        "SELECT k, count(*) FROM keyed WHERE x < 40 GROUP BY k",
+        // The key is not the raw input's first column.
+        "SELECT s, sum(k), min(x) FROM keyed GROUP BY s",
+        // The key holds slots (checked against one process with the index).
+        "SELECT min(k), count(*), sum(amount) FROM keyed GROUP BY mphf_index(k)",
+    ];
+    let single = MphfContext::new();
+    single
+        .register_parquet("keyed", &folder.display().to_string())
+        .await
+        .unwrap();
+    setup_rows(&single, "CREATE INDEX keyed_k ON keyed USING mphf (k)").await;
+    for workers in [2, 4] {
+        let ctx = cluster(workers, WorkerIndexes::in_process());
+        ctx.register_parquet("keyed", &folder.display().to_string())
+            .await
+            .unwrap();
+        setup_rows(&ctx, "CREATE INDEX keyed_k ON keyed USING mphf (k)").await;
+        setup_rows(&ctx, "CREATE INDEX keyed_s ON keyed USING mphf (s)").await;
+        setup_rows(&ctx, "SET mphf.costing = 'always'").await;
+        for sql in queries {
+            let df = ctx.sql(sql).await.unwrap();
+            let plan = df.clone().create_physical_plan().await.unwrap();
+            let text = display_plan_ascii(plan.as_ref(), false);
+            // The partials are ours on the workers, and so is the merge after the shuffle.
+            for mode in ["Partial", "FinalPartitioned"] {
+                assert!(
+                    text.contains(&format!("MphfAggregateExec: mode={mode}")),
+                    "{sql} on {workers} workers, no {mode} node:\n{text}"
+                );
+            }
+            let hash_final = text.lines().any(|l| {
+                l.trim_start_matches(['│', ' '])
+                    .starts_with("AggregateExec: mode=Final")
+            });
+            assert!(!hash_final, "{sql}: DataFusion's final aggregation is left:\n{text}");
+            let got = rows(
+                &df.collect()
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql} on {workers} workers: {e}")),
+            );
+            let want = match sql.contains("mphf_index") {
+                true => rows(&single.sql(sql).await.unwrap().collect().await.unwrap()),
+                false => rows(&vanilla.sql(sql).await.unwrap().collect().await.unwrap()),
+            };
+            // NULL keys form one group of their own through both stages.
+            assert!(want.iter().any(|line| line.starts_with("|   ")), "{sql}: a NULL group");
+            assert_eq!(got, want, "{sql} on {workers} workers:\n{text}");
+        }
+    }
+}

@@ -101,7 +101,9 @@ impl Grouping {
                 exprs.len()
             );
         }
-        let input = agg.input_schema();
+        // The rows read: raw rows, or partial states under a final mode (whose `input_schema`
+        // is the partial's raw input, not what the group expressions refer to).
+        let input = agg.input().schema();
         let key_expr = Arc::clone(&exprs[key_pos].0);
         let key_is_slot = key_expr
             .return_field(&input)?

@@ -10,6 +10,9 @@
 //! [`grouping`](super::grouping)), a row whose dependent values differ from its slot's first row
 //! gets a *mismatch* group keyed by (slot, values). Emission orders the groups by slot, mismatch
 //! and fallback groups last; the `fallback_rows` metric counts the rows of both.
+//!
+//! The rows are raw input rows (`update_batch`), or, under a `Final` / `FinalPartitioned`
+//! aggregate, partial states whose keys are looked up like raw keys (`merge_batch`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use ::datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use ::datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use ::datafusion::physical_expr::expressions::{Column, Literal};
 use ::datafusion::physical_expr::{GroupsAccumulatorAdapter, PhysicalExpr};
-use ::datafusion::physical_plan::aggregates::AggregateExec;
+use ::datafusion::physical_plan::aggregates::{aggregate_expressions, AggregateExec, AggregateInputMode};
 use ::datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 
 use super::dep_values::DepValues;
@@ -183,8 +186,12 @@ enum Origin {
 pub(super) struct SlotGroups {
     grouping: Grouping,
     index: Arc<IndexHandle>,
-    /// Argument expressions of each aggregate.
+    /// Argument expressions of each aggregate: raw arguments, or the columns of its partial
+    /// states when `merging`.
     args: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    /// The input rows are partial states (a `Final` / `FinalPartitioned` aggregate over
+    /// partials): merged into the accumulators, not updated.
+    merging: bool,
     accs: Vec<Box<dyn GroupsAccumulator>>,
     /// The window of slots this state accumulates: `slot_lo..slot_lo + window`
     /// (the whole index, or one slot range of the range form, see [`ranges`](super::ranges)).
@@ -260,7 +267,8 @@ impl SlotGroups {
         Ok(Self {
             grouping,
             index,
-            args: agg.aggr_expr().iter().map(|a| a.expressions()).collect(),
+            args: aggregate_expressions(agg.aggr_expr(), agg.mode(), agg.group_expr().expr().len())?,
+            merging: agg.mode().input_mode() == AggregateInputMode::Partial,
             accs,
             slot_lo: window.start,
             window: window.len(),
@@ -311,7 +319,7 @@ impl SlotGroups {
     /// see [`SlotGroups::arguments_free_of_nulls`]), the accumulators then get an all-true
     /// filter with every update (see `offsets_filter`). Per-slot states cannot be merged in.
     pub(super) fn use_window_offsets(&mut self, null_free: bool) -> bool {
-        if self.deps.is_some() || !self.origin.is_empty() || self.window >= NO_GROUP as usize {
+        if self.merging || self.deps.is_some() || !self.origin.is_empty() || self.window >= NO_GROUP as usize {
             return false;
         }
         self.origin = (self.slot_lo..self.slot_lo + self.window).map(Origin::Slot).collect();
@@ -538,7 +546,8 @@ impl SlotGroups {
         ))
     }
 
-    /// `update_batch` of every aggregate over `batch`, whose rows' groups are `self.groups`.
+    /// `update_batch` (or `merge_batch` of partial states, when merging) of every aggregate over
+    /// `batch`, whose rows' groups are `self.groups`.
     fn update(&mut self, batch: &RecordBatch) -> Result<()> {
         let rows = batch.num_rows();
         if self.origin.len() > u32::MAX as usize - 1 {
@@ -554,7 +563,10 @@ impl SlotGroups {
                 .iter()
                 .map(|e| e.evaluate(batch)?.into_array(rows))
                 .collect::<Result<Vec<ArrayRef>>>()?;
-            acc.update_batch(&values, &self.groups, every_row.as_ref(), total)?;
+            match self.merging {
+                true => acc.merge_batch(&values, &self.groups, total)?,
+                false => acc.update_batch(&values, &self.groups, every_row.as_ref(), total)?,
+            }
         }
         self.seen_rows = true;
         Ok(())

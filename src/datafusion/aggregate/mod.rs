@@ -13,13 +13,18 @@
 //!   slot accumulators, then output partition `p` merges the slot range `p` of all of them. No
 //!   hashing at all. Used when DataFusion's sanity check accepts the plan (nothing above relies
 //!   on hash partitioning of the group key).
-//! - **Per partition** ([`MphfAggregateExec`]): replaces only the `Partial` (or `Single`) node;
-//!   DataFusion's final stage merges the partial states by hash.
+//! - **Per partition** ([`MphfAggregateExec`]): replaces the `Partial` (or `Single`) node. Where
+//!   no SlotMerge takes its partials (the plan is cut into stages for workers, or a node above
+//!   needs the key's hash partitioning), the `Final` / `FinalPartitioned` node above the
+//!   exchange is replaced the same way: each partition looks up the keys of its partial rows
+//!   and merges their states by slot, where DataFusion would probe a hash table.
 //!
 //! # Fast-path conditions (checked by [`MphfAggregateRule`], which otherwise leaves the plan alone)
 //! - mode `Partial`, `Single` or `SinglePartitioned` for the per-partition form; a `Final` /
 //!   `FinalPartitioned` node directly over a repartition or coalesce of such a `Partial` for
-//!   the SlotMerge form;
+//!   the SlotMerge form, or for the per-partition form of that final node (whose key column
+//!   still names the partial's index, and whose lookup is a copy, a dense-key table or the
+//!   decoded MPHF of byte keys);
 //! - exactly one grouping set; one of its group expressions is a `Column` whose input field
 //!   names a live index whose key type equals the column type, and every other group
 //!   expression depends on it (same row of a unique indexed key, or through inner joins on
@@ -253,7 +258,8 @@ impl MphfAggregateExec {
         self.key_pos
     }
 
-    /// The replaced aggregate's mode (`Partial`, `Single` or `SinglePartitioned`).
+    /// The replaced aggregate's mode (`Partial`, `Single`, `SinglePartitioned`, or a final
+    /// mode over MPHF partials).
     pub fn mode(&self) -> AggregateMode {
         *self.agg.mode()
     }

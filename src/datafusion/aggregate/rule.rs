@@ -48,6 +48,12 @@
 //!   against `CostModel::slot_aggregate_ns`). A partial admitted on that count alone is put
 //!   back when no final aggregate merges it.
 //!
+//! - A `Final` / `FinalPartitioned` aggregate over MPHF partials that no slot-range merge takes
+//!   (stages on workers, or a requirement above) is replaced per partition when the model
+//!   prices its merge by slot below DataFusion's final hash aggregation, and its lookups are
+//!   cheap (the partial rows of a partition are distinct keys, so the clustering exemption
+//!   above is the only one; `mphf.costing = always` lifts it).
+//!
 //! - Several group expressions: one of them must be an indexed column on which all the others
 //!   depend (see [`lineage`](super::lineage)); the first such column is the key.
 //!
@@ -288,13 +294,12 @@ pub(crate) fn decide(
     merge: bool,
     estimates: &RowEstimator,
 ) -> Result<Decision> {
-    // Partial, Single and SinglePartitioned read raw rows; Final modes merge states of possibly
-    // different keys per partition and stay DataFusion's; PartialReduce is left alone.
-    if !matches!(
-        agg.mode(),
-        AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
-    ) {
-        return Ok(Decision::NotCandidate);
+    // Partial, Single and SinglePartitioned read raw rows; Final modes merge the states of an
+    // MPHF partial below (when no slot-range merge took them); PartialReduce is left alone.
+    match agg.mode() {
+        AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned => {}
+        AggregateMode::Final | AggregateMode::FinalPartitioned => return decide_final(agg, costing, estimates),
+        AggregateMode::PartialReduce => return Ok(Decision::NotCandidate),
     }
     let group_by = agg.group_expr();
     // Grouping sets (ROLLUP/CUBE) add a grouping id column and null-filled keys.
@@ -383,8 +388,21 @@ pub(crate) fn decide(
     // DataFusion's own partial would skip (its rows mostly distinct), vanilla's final takes
     // every row, which `hash_ns` prices, and ours adds the merge of our groups on top; where it
     // aggregates, both finals merge about as many rows.
+    // That final merge is by slot where `decide_final` would take it (a cheap lookup).
     let unmerged_extra_ns = match *agg.mode() == AggregateMode::Partial && costing.partial_skip.skips(&shape) {
-        true => model.final_aggregate_ns(&shape, model.partial_output_rows(&shape)),
+        true => {
+            let rows = model.partial_output_rows(&shape);
+            let hash_final_ns = model.final_aggregate_ns(&shape, rows);
+            let final_lookup = lookup_of(&handle, key_is_slot, false);
+            match lookup_is_cheap(&handle, final_lookup, reads_a_join(agg.input())) {
+                true => {
+                    let states = state_columns(agg)?;
+                    let slot_final = final_shape(&handle, final_lookup, rows, partitions, states);
+                    hash_final_ns.min(model.slot_aggregate_ns(&slot_final))
+                }
+                false => hash_final_ns,
+            }
+        }
         false => 0.0,
     };
     let cpu_ns = match range_form {
@@ -436,8 +454,7 @@ pub(crate) fn decide(
     // With a dense-key table a lookup is one array read, clustered or not; slots need none.
     // Byte keys with the decoded MPHF copy cost less per row than hashing them into a table.
     // (Read straight from a scan only: after a join it loses on many partitions; benches/RESULTS.md.)
-    let cheap_lookup = matches!(lookup, Lookup::Copied | Lookup::Dense)
-        || (lookup == Lookup::Flat && index.key_type().width().is_none() && !reads_a_join(agg.input()));
+    let cheap_lookup = lookup_is_cheap(&handle, lookup, reads_a_join(agg.input()));
     let rows_per_run = handle.info().rows_per_run.unwrap_or(0.0);
     if !cheap_lookup && rows_per_run < costing.min_rows_per_run {
         return declined(format!(
@@ -518,7 +535,9 @@ fn unmerged_redecided(plan: Arc<dyn ExecutionPlan>, costing: &Costing) -> Result
 /// column; or a lone `mphf_index(...)` expression, whose values are the slots.
 fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, Arc<IndexHandle>, bool)> {
     let exprs = agg.group_expr().expr();
-    let input_schema = agg.input_schema();
+    // What the group expressions refer to (under a final mode, the partial states; its
+    // `input_schema` is the partial's raw input).
+    let input_schema = agg.input().schema();
     if let [(expr, _)] = exprs {
         let field = expr.return_field(&input_schema).ok()?;
         if let Some(handle) = slot_index_of_field(&field) {
@@ -612,9 +631,10 @@ pub const RANGES_BELOW_ROWS_PER_SLOT: f64 = 8.0;
 /// range form where it applies.
 const CLUSTERED_ROWS_PER_RUN: f64 = 2.0;
 
-/// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
-/// was already replaced by the per-partition [`MphfAggregateExec`].
-fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
+/// The partial [`MphfAggregateExec`] that the final aggregate `agg` merges directly, through a
+/// repartition or coalesce, with the same group and aggregate expressions; `None` for any
+/// other shape (a filter, a limit or an output ordering on `agg`, grouping sets).
+fn partial_below(agg: &AggregateExec) -> Option<&MphfAggregateExec> {
     if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
         return None;
     }
@@ -634,12 +654,16 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         return None;
     }
     let partial = exchange.children().first()?.downcast_ref::<MphfAggregateExec>()?;
-    if partial.mode() != AggregateMode::Partial
-        || partial.aggregate().aggr_expr().len() != agg.aggr_expr().len()
-        || partial.aggregate().group_expr().expr().len() != agg.group_expr().expr().len()
-    {
-        return None;
-    }
+    (partial.mode() == AggregateMode::Partial
+        && partial.aggregate().aggr_expr().len() == agg.aggr_expr().len()
+        && partial.aggregate().group_expr().expr().len() == agg.group_expr().expr().len())
+    .then_some(partial)
+}
+
+/// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
+/// was already replaced by the per-partition [`MphfAggregateExec`].
+fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
+    let partial = partial_below(agg)?;
     let outputs = agg.properties().output_partitioning().partition_count();
     Some(
         MphfMergedAggregateExec::new(
@@ -653,6 +677,101 @@ fn try_as_merged(agg: &AggregateExec) -> Option<MphfMergedAggregateExec> {
         .with_form(partial.merge_form())
         .with_estimate(partial.estimate()),
     )
+}
+
+/// The estimates of a final aggregation, per partition, of `rows` partial rows of a key of
+/// `handle` (found by `lookup`) with `states` state columns over `partitions` input
+/// partitions: ours by slot, and DataFusion's by hash. The partial rows of one partition are
+/// distinct keys (one row per run).
+fn final_shape(handle: &IndexHandle, lookup: Lookup, rows: f64, partitions: usize, states: usize) -> AggregateShape {
+    let index = handle.index();
+    AggregateShape {
+        rows,
+        slots: index.len() as f64,
+        partitions,
+        slot_arrays: partitions,
+        key: match index.key_type().width() {
+            Some(_) => KeyKind::Fixed,
+            None => KeyKind::Bytes,
+        },
+        lookup,
+        rows_per_run: 1.0,
+        values: states,
+        upload_bytes_per_row: 0.0,
+        device_calls: 1,
+    }
+}
+
+/// The state columns of `agg`'s aggregates (what its partials hand to the final aggregation).
+fn state_columns(agg: &AggregateExec) -> Result<usize> {
+    agg.aggr_expr().iter().map(|a| a.state_fields().map(|f| f.len())).sum()
+}
+
+/// True when a slot's lookup by `lookup` over keys of `handle` costs no more than hashing the
+/// row, clustered or not: a copy, a dense-key table read, or byte keys through the decoded
+/// MPHF copy (read straight from a scan: after a join it loses on many partitions,
+/// benches/RESULTS.md, unless `after_join` is false).
+fn lookup_is_cheap(handle: &IndexHandle, lookup: Lookup, after_join: bool) -> bool {
+    matches!(lookup, Lookup::Copied | Lookup::Dense)
+        || (lookup == Lookup::Flat && handle.index().key_type().width().is_none() && !after_join)
+}
+
+/// The decision for a `Final` / `FinalPartitioned` aggregate `agg` over the partials of an
+/// [`MphfAggregateExec`] that no slot-range merge takes (the plan is cut into stages, or the
+/// merge broke a requirement above): each of its partitions merges the partial states of its
+/// keys by slot, looking the keys up as the partial did, with no hash table. It keeps `agg`'s
+/// partitioning, so nothing above notices.
+fn decide_final(agg: &AggregateExec, costing: &Costing, estimates: &RowEstimator) -> Result<Decision> {
+    let Some(partial) = partial_below(agg) else {
+        return Ok(Decision::NotCandidate);
+    };
+    // The partial states' key column must still name the partial's index (field metadata).
+    let Some((key_pos, handle, key_is_slot)) = indexed_key(agg, false) else {
+        return Ok(Decision::NotCandidate);
+    };
+    if key_pos != partial.key_pos() || handle.id() != partial.index().id() {
+        return Ok(Decision::NotCandidate);
+    }
+    let lookup = lookup_of(&handle, key_is_slot, false);
+    let model = &costing.model;
+    let partial_agg = partial.aggregate();
+    let partial_rows = estimates
+        .rows(partial_agg.input())
+        .unwrap_or(handle.index().stats().rows as f64);
+    let partial_lookup = lookup_of(&handle, key_is_slot, false);
+    let partials = shape_of(
+        partial_agg,
+        &handle,
+        partial_lookup,
+        partial_rows,
+        partial_agg.input().output_partitioning().partition_count().max(1),
+        1,
+    );
+    let rows = model.partial_output_rows(&partials);
+    let states = state_columns(agg)?;
+    let partitions = agg.input().output_partitioning().partition_count().max(1);
+    let shape = final_shape(&handle, lookup, rows, partitions, states);
+    let estimate = Estimate {
+        mphf_ns: model.slot_aggregate_ns(&shape),
+        hash_ns: model.final_aggregate_ns(&shape, rows),
+        other_device_ns: None,
+        on_gpu: false,
+    };
+    let declined = |reason: String| Ok(Decision::Declined(Declined::new(reason, Some(estimate))));
+    // A partition's partial rows are distinct keys: one run per row, one query per row.
+    if !lookup_is_cheap(&handle, lookup, reads_a_join(partial_agg.input())) && costing.min_rows_per_run > 1.0 {
+        return declined(format!(
+            "the final merge would make one MPHF query per partial row ({} lookups; 1 row per run, fewer than {})",
+            lookup.name(),
+            costing.min_rows_per_run
+        ));
+    }
+    if costing.compare_costs && estimate.mphf_ns > estimate.hash_ns {
+        return declined("DataFusion's final hash aggregation is estimated cheaper".into());
+    }
+    Ok(Decision::Replaced(
+        MphfAggregateExec::new(Arc::new(agg.clone()), handle, key_pos).with_estimate(Some(estimate)),
+    ))
 }
 
 impl PhysicalOptimizerRule for MphfAggregateRule {
