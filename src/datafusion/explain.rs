@@ -150,9 +150,13 @@ fn aggregate_reason(
     costing: &aggregate::Costing,
     estimates: &RowEstimator,
 ) -> Result<Option<Declined>> {
-    Ok(match aggregate::decide(agg, costing, true, estimates)? {
+    // Stages on workers: the rule decided every node per partition (no slot-range merge).
+    let merge = !costing.distributed;
+    Ok(match aggregate::decide(agg, costing, merge, estimates)? {
         Decision::NotCandidate => None,
         Decision::Declined(declined) => Some(declined),
+        // Per partition the rule would have taken it: nothing was declined.
+        Decision::Replaced(_) if !merge => None,
         // Admitted only as the partial of a merged node that no final aggregate made, or kept
         // because the slot-range merge broke a requirement above: the per-partition form was
         // declined, and why.

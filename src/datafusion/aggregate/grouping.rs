@@ -20,11 +20,11 @@ use std::sync::Arc;
 
 use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
 use ::datafusion::arrow::compute::cast;
-use ::datafusion::arrow::datatypes::{DataType, Schema};
+use ::datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use ::datafusion::arrow::row::{RowConverter, Rows, SortField};
 use ::datafusion::common::{internal_err, Result};
 use ::datafusion::physical_expr::PhysicalExpr;
-use ::datafusion::physical_plan::aggregates::AggregateExec;
+use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode};
 
 use crate::datafusion::registry::{IndexHandle, SLOT_METADATA_KEY};
 use crate::datafusion::slot_scan::scan_slots_position;
@@ -58,6 +58,17 @@ impl ByteRows {
     /// Bytes held.
     pub(super) fn size(&self) -> usize {
         self.bytes.capacity() + self.ends.capacity() * 8
+    }
+}
+
+/// The schema `agg`'s group expressions refer to: its raw input's as planned (`input_schema`,
+/// whose fields keep the metadata that marks slots and indexes even where the physical input's
+/// schema lost it, e.g. a decoded `mphf_stored_slots` projection on a worker); under a final
+/// mode, the partial states', its input's schema (`input_schema` is then the partial's raw input).
+pub(super) fn group_input_schema(agg: &AggregateExec) -> SchemaRef {
+    match agg.mode().input_mode() {
+        AggregateInputMode::Raw => agg.input_schema(),
+        AggregateInputMode::Partial => agg.input().schema(),
     }
 }
 
@@ -101,9 +112,7 @@ impl Grouping {
                 exprs.len()
             );
         }
-        // The rows read: raw rows, or partial states under a final mode (whose `input_schema`
-        // is the partial's raw input, not what the group expressions refer to).
-        let input = agg.input().schema();
+        let input = group_input_schema(agg);
         let key_expr = Arc::clone(&exprs[key_pos].0);
         let key_is_slot = key_expr
             .return_field(&input)?

@@ -98,6 +98,7 @@ use ::datafusion::physical_plan::{
 };
 
 use super::estimate::RowEstimator;
+use super::grouping::group_input_schema;
 use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
@@ -535,9 +536,7 @@ fn unmerged_redecided(plan: Arc<dyn ExecutionPlan>, costing: &Costing) -> Result
 /// column; or a lone `mphf_index(...)` expression, whose values are the slots.
 fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, Arc<IndexHandle>, bool)> {
     let exprs = agg.group_expr().expr();
-    // What the group expressions refer to (under a final mode, the partial states; its
-    // `input_schema` is the partial's raw input).
-    let input_schema = agg.input().schema();
+    let input_schema = group_input_schema(agg);
     if let [(expr, _)] = exprs {
         let field = expr.return_field(&input_schema).ok()?;
         if let Some(handle) = slot_index_of_field(&field) {
@@ -709,8 +708,8 @@ fn state_columns(agg: &AggregateExec) -> Result<usize> {
 
 /// True when a slot's lookup by `lookup` over keys of `handle` costs no more than hashing the
 /// row, clustered or not: a copy, a dense-key table read, or byte keys through the decoded
-/// MPHF copy (read straight from a scan: after a join it loses on many partitions,
-/// benches/RESULTS.md, unless `after_join` is false).
+/// MPHF copy unless the rows come through a join (`after_join`: there it loses on many
+/// partitions, benches/RESULTS.md).
 fn lookup_is_cheap(handle: &IndexHandle, lookup: Lookup, after_join: bool) -> bool {
     matches!(lookup, Lookup::Copied | Lookup::Dense)
         || (lookup == Lookup::Flat && handle.index().key_type().width().is_none() && !after_join)
@@ -738,11 +737,10 @@ fn decide_final(agg: &AggregateExec, costing: &Costing, estimates: &RowEstimator
     let partial_rows = estimates
         .rows(partial_agg.input())
         .unwrap_or(handle.index().stats().rows as f64);
-    let partial_lookup = lookup_of(&handle, key_is_slot, false);
     let partials = shape_of(
         partial_agg,
         &handle,
-        partial_lookup,
+        lookup,
         partial_rows,
         partial_agg.input().output_partitioning().partition_count().max(1),
         1,
