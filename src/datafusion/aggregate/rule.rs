@@ -253,10 +253,7 @@ fn shape_of(
         slots: index.len() as f64,
         partitions: agg.input().output_partitioning().partition_count().max(1),
         slot_arrays,
-        key: match index.key_type().width() {
-            Some(_) => KeyKind::Fixed,
-            None => KeyKind::Bytes,
-        },
+        key: KeyKind::of(index.key_type()),
         lookup,
         rows_per_run: handle.info().rows_per_run.unwrap_or(1.0),
         values: args.len(),
@@ -689,10 +686,7 @@ fn final_shape(handle: &IndexHandle, lookup: Lookup, rows: f64, partitions: usiz
         slots: index.len() as f64,
         partitions,
         slot_arrays: partitions,
-        key: match index.key_type().width() {
-            Some(_) => KeyKind::Fixed,
-            None => KeyKind::Bytes,
-        },
+        key: KeyKind::of(index.key_type()),
         lookup,
         rows_per_run: 1.0,
         values: states,

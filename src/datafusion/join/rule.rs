@@ -394,10 +394,7 @@ fn estimate_of(
         hash_build_rows: costing.rows.rows(vanilla.left()).unwrap_or(build_rows),
         hash_probe_rows: costing.rows.rows(vanilla.right()).unwrap_or(probe_rows),
         threads,
-        key: match handle.index().key_type().width() {
-            Some(_) => KeyKind::Fixed,
-            None => KeyKind::Bytes,
-        },
+        key: KeyKind::of(handle.index().key_type()),
         build_lookup: match build_copies {
             true => Lookup::Copied,
             false => lookup,

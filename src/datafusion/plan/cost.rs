@@ -20,6 +20,8 @@ use std::fmt;
 
 use ::datafusion::common::{DataFusionError, Result};
 
+use crate::core::column::KeyType;
+
 /// How the operator finds a row's slot (the index's lookup strategy, or none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
@@ -56,6 +58,16 @@ pub enum KeyKind {
     Fixed,
     /// Strings and binary.
     Bytes,
+}
+
+impl KeyKind {
+    /// The kind of an index's keys of type `key_type`.
+    pub fn of(key_type: &KeyType) -> Self {
+        match key_type.width() {
+            Some(_) => KeyKind::Fixed,
+            None => KeyKind::Bytes,
+        }
+    }
 }
 
 /// The constants (see each field; defaults in [`CostModel::default`]).
