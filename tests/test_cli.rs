@@ -757,6 +757,48 @@ fn groupby_and_join_benches_run_on_workers() {
     );
 }
 
+/// `mphf sql --no-mphf --workers 2` runs DataFusion's own distributed plan (stages, no MPHF
+/// node) on an in-memory cluster, next to the extension's plan on the same saved index, and
+/// both give the rows of one process.
+#[cfg(feature = "distributed")]
+#[test]
+fn vanilla_sql_runs_on_workers_too() {
+    let files = Files::new();
+    let dir = files.path("tpch");
+    ok(&["tpch", "--scale", "0.01", "--output", &dir, "--tables", "lineitem"]);
+    let lineitem = format!("lineitem={dir}/lineitem.parquet");
+    ok(&[
+        "sql",
+        "--table",
+        &lineitem,
+        "-c",
+        "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)",
+    ]);
+    let query = "SELECT l_orderkey, count(*) AS n FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey";
+    let single = ok(&["sql", "--no-mphf", "--format", "csv", "--table", &lineitem, "-c", query]);
+    let on_workers = |mode: &str, statement: &str| {
+        let mut args = vec!["sql", "--format", "csv", "--workers", "2", "--table", &lineitem];
+        args.extend(["-c", "SET distributed.file_scan_config_bytes_per_partition = 65536"]);
+        match mode {
+            "vanilla" => args.push("--no-mphf"),
+            _ => args.extend(["-c", "SET mphf.costing = 'always'"]),
+        }
+        args.extend(["-c", statement]);
+        let out = mphf_within(&args, 120);
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for mode in ["vanilla", "mphf"] {
+        assert_eq!(on_workers(mode, query), single, "{mode}");
+        let plan = on_workers(mode, &format!("EXPLAIN {query}"));
+        assert!(
+            plan.contains("DistributedExec") && plan.contains("Stage 1"),
+            "{mode}: {plan}"
+        );
+        assert_eq!(plan.contains("MphfAggregateExec"), mode == "mphf", "{mode}: {plan}");
+    }
+}
+
 /// Runs `mphf args`, killed after `secs` seconds (a hung cluster fails the test, never CI).
 #[cfg(feature = "distributed")]
 fn mphf_within(args: &[&str], secs: u64) -> Output {

@@ -232,29 +232,27 @@ fn session(args: &SqlArgs) -> Result<Session> {
         .with_default_features()
         .with_config(config)
         .with_runtime_env(runtime.build_arc()?);
-    let distributed = args.workers > 0 || !args.worker_urls.is_empty();
-    Ok(match (args.no_mphf, distributed) {
-        (true, false) => Session::Plain(SessionContext::new_with_state(state.build())),
-        (true, true) => {
-            return Err(anyhow!(
-                "--workers and --worker-url run the MPHF extension's workers; drop --no-mphf"
-            ))
-        }
-        (false, false) => Session::Mphf(MphfContext::with_state_builder(state)),
-        (false, true) => Session::Mphf(cluster(args, state)?),
+    // With --no-mphf the cluster runs DataFusion's own plans: the coordinator has no MPHF
+    // rules, and the workers execute whatever plan they are sent.
+    let state = match args.workers > 0 || !args.worker_urls.is_empty() {
+        true => cluster(args, state)?,
+        false => state,
+    };
+    Ok(match args.no_mphf {
+        true => Session::Plain(SessionContext::new_with_state(state.build())),
+        false => Session::Mphf(MphfContext::with_state_builder(state)),
     })
 }
 
-/// The coordinator of `--workers N` in-memory workers, or of the `mphf worker`s at
+/// `state` as the coordinator of `--workers N` in-memory workers, or of the `mphf worker`s at
 /// `--worker-url`s.
 #[cfg(feature = "distributed")]
-fn cluster(args: &SqlArgs, state: SessionStateBuilder) -> Result<MphfContext> {
+fn cluster(args: &SqlArgs, state: SessionStateBuilder) -> Result<SessionStateBuilder> {
     use crate::datafusion::distributed::{distributed_state, InMemoryCluster, MphfCodec, WorkerIndexes};
     use datafusion_distributed::grpc::DefaultChannelResolver;
     use std::sync::Arc;
     if args.workers > 0 {
-        let state = InMemoryCluster::new(args.workers).start(state)?;
-        return Ok(MphfContext::with_state_builder(state));
+        return Ok(InMemoryCluster::new(args.workers).start(state)?);
     }
     let urls = args
         .worker_urls
@@ -262,8 +260,12 @@ fn cluster(args: &SqlArgs, state: SessionStateBuilder) -> Result<MphfContext> {
         .map(|u| url::Url::parse(u).with_context(|| format!("--worker-url {u}")))
         .collect::<Result<Vec<_>>>()?;
     let codec = MphfCodec::new(Arc::new(WorkerIndexes::saved(None)), None);
-    let state = distributed_state(state, StaticWorkers(urls), DefaultChannelResolver::default(), codec);
-    Ok(MphfContext::with_state_builder(state))
+    Ok(distributed_state(
+        state,
+        StaticWorkers(urls),
+        DefaultChannelResolver::default(),
+        codec,
+    ))
 }
 
 /// The workers named on the command line.
@@ -278,7 +280,7 @@ impl datafusion_distributed::WorkerResolver for StaticWorkers {
 }
 
 #[cfg(not(feature = "distributed"))]
-fn cluster(_args: &SqlArgs, _state: SessionStateBuilder) -> Result<MphfContext> {
+fn cluster(_args: &SqlArgs, _state: SessionStateBuilder) -> Result<SessionStateBuilder> {
     Err(anyhow!(
         "--workers needs the `distributed` feature; build with the default features"
     ))

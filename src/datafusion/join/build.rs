@@ -514,8 +514,6 @@ fn lay_out(
     // Counting sort of the rows by slot: counts, their running sums (each slot's end), then
     // the rows placed from the last, so that each slot's start is left behind and its rows stay
     // in build order.
-    let members = slots.iter().filter(|&&s| s != ABSENT).count();
-    reservation.try_grow((members + 1) * 4)?;
     let mut offsets = vec![0u32; n_slots + 1];
     for &s in slots.iter().filter(|&&s| s != ABSENT) {
         offsets[s as usize] += 1;
@@ -526,6 +524,9 @@ fn lay_out(
         *o = end;
     }
     offsets[n_slots] = end;
+    // The last running sum is the member count.
+    let members = end as usize;
+    reservation.try_grow((members + 1) * 4)?;
     let mut rows = vec![0u32; members];
     for (r, &s) in slots.iter().enumerate().rev() {
         if s != ABSENT {
