@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -42,6 +42,35 @@ if [ "$PART" = clustered ]; then
     log "$b: bench groupby SF 10"
     timeout 150 "${!b}" bench groupby --scale 10 --runs 3 --markdown --only "GROUP BY l_orderkey" \
       >> "$OUT/clustered_$b.md" 2>&1
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = membab ]; then
+  # Membership probes (session 42): the TPC-H join suite at SF 1 on all cores, in memory and
+  # over Parquet, BASE and BIN alternating in two processes each (one file per form); then the
+  # MPHF session's cost where no MPHF operator runs: BIN over Parquet on the rows both sessions
+  # run with DataFusion's joins, as it is and with both MPHF rules off.
+  BASE=${4:?base binary}
+  for p in 1 2; do
+    for form in memory parquet; do
+      case $form in memory) flags=();; parquet) flags=(--parquet);; esac
+      for b in BASE BIN; do
+        log "$b: bench join SF 1, $form, process $p"
+        echo "### $b, process $p" >> "$OUT/membab_$form.md"
+        timeout 100 "${!b}" bench join --scale 1 --runs 5 --markdown "${flags[@]}" >> "$OUT/membab_$form.md" 2>> "$OUT/membab.err"
+      done
+    done
+  done
+  for p in 1 2; do
+    for rules in on off; do
+      case $rules in on) flags=();; off) flags=(--set mphf.enable_join=false --set mphf.enable_aggregate=false);; esac
+      log "BIN: bench join SF 1, parquet, MPHF rules $rules, process $p"
+      echo "### rules $rules, process $p" >> "$OUT/overhead.md"
+      timeout 100 "$BIN" bench join --scale 1 --runs 7 --markdown --parquet --only custkey --only Q18 "${flags[@]}" \
+        >> "$OUT/overhead.md" 2>> "$OUT/membab.err"
+    done
   done
   log "done"
   exit 0

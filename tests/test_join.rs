@@ -285,6 +285,70 @@ async fn indexed_probe_keys_translate_their_slots() {
     }
 }
 
+/// Joins whose output needs only which probe rows have a partner (right semi and anti joins,
+/// inner joins that output probe columns alone over a build key without duplicates) test the
+/// build's bitmap of occupied slots, in the probe key's own slots where it has an index, and
+/// give vanilla's rows; a join that outputs a build column, or whose build key repeats, keeps
+/// the slot table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_probes_test_the_occupied_slots() {
+    let translated = "SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.name = d.name WHERE d.grp = 1";
+    for partitions in [1, 2, 16] {
+        let ctx = setup(partitions, partitions == 16).await;
+        ctx.tune(|t| t.join_partitioned_max_partitions = 0);
+        ctx.sql("CREATE INDEX fact_name ON fact USING mphf (name)")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        for (sql, membership) in [
+            ("SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id", Some(true)),
+            (
+                "SELECT f.fid, f.v FROM fact f JOIN dim d ON f.id = d.id WHERE d.grp = 3 ORDER BY f.fid LIMIT 70",
+                Some(true),
+            ),
+            (translated, Some(true)),
+            ("SELECT count(*), sum(f.v), sum(d.grp) FROM fact f JOIN dim d ON f.id = d.id", Some(false)),
+            ("SELECT count(*), sum(b.bid) FROM big b JOIN fact f ON b.k = f.id", Some(false)),
+            // Semi and anti joins: the side DataFusion builds decides the join type.
+            (
+                "SELECT count(*), sum(f.v) FROM fact f WHERE EXISTS (SELECT 1 FROM dim d WHERE d.id = f.id AND d.grp = 2)",
+                None,
+            ),
+            (
+                "SELECT count(*), sum(f.v) FROM fact f WHERE NOT EXISTS (SELECT 1 FROM dim d WHERE d.id = f.id AND d.grp < 5)",
+                None,
+            ),
+            (
+                "SELECT count(*) FROM fact f WHERE f.name IN (SELECT name FROM dim WHERE grp > 4)",
+                None,
+            ),
+        ] {
+            let plan = compare(&ctx, sql).await;
+            let line = plan.lines().find(|l| l.contains("MphfJoinExec")).unwrap_or_default();
+            let expected = membership.unwrap_or(line.contains("RightSemi") || line.contains("RightAnti"));
+            assert!(line.contains("MphfJoinExec"), "{partitions} partitions, {sql}:\n{plan}");
+            assert_eq!(
+                line.contains("probe=membership"),
+                expected,
+                "{partitions} partitions, {sql}:\n{plan}"
+            );
+        }
+        let text = explain_analyze(&ctx, translated).await;
+        for needle in [
+            "probe=membership",
+            "probe_member_rows=30.00 K",
+            "probe_translated_rows=30.00 K",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{partitions} partitions, missing {needle}:\n{text}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_analyze_shows_build_and_lookup_metrics() {
     let ctx = setup(2, false).await;

@@ -84,6 +84,23 @@ impl SlotTranslation {
             .collect()
     }
 
+    /// The preimage of a set of `to`'s slots: `bits` holds bit `t % 64` of word `t / 64` for
+    /// each slot `t` of `to` in the set, and the result holds the bits of the slots of `from`
+    /// whose key translates into the set. Computed for every slot of `from` at once, in
+    /// parallel; a slot past the end of `bits` is not in the set.
+    pub fn preimage_bits(&self, bits: &[u64]) -> Vec<u64> {
+        let in_set = |t: u32| t != NONE && bits.get(t as usize / 64).is_some_and(|w| w >> (t % 64) & 1 == 1);
+        self.table
+            .par_chunks(64)
+            .with_min_len(CHUNK / 64)
+            .map(|word| {
+                word.iter()
+                    .enumerate()
+                    .fold(0u64, |acc, (i, &t)| acc | (u64::from(in_set(t)) << i))
+            })
+            .collect()
+    }
+
     /// Rewrites `slots` of `from` (or [`ABSENT`]) into slots of `to` (or [`ABSENT`]).
     ///
     /// # Errors
@@ -110,6 +127,40 @@ mod tests {
 
     use super::*;
     use crate::core::column::IndexOptions;
+
+    #[test]
+    fn the_preimage_of_a_slot_set_holds_the_keys_that_translate_into_it() {
+        let from_keys: Vec<i64> = (0..1000).collect();
+        let to_keys: Vec<i64> = (500..1700).collect();
+        let from: ArrayRef = Arc::new(arrow::array::Int64Array::from(from_keys.clone()));
+        let to: ArrayRef = Arc::new(arrow::array::Int64Array::from(to_keys));
+        let (from, to) = (
+            ColumnIndex::build(&[from], &IndexOptions::default()).unwrap(),
+            ColumnIndex::build(&[to], &IndexOptions::default()).unwrap(),
+        );
+        let t = SlotTranslation::build(&from, &to).unwrap().unwrap();
+        // The set: the slots in `to` of the even keys from 600 up.
+        let slot_of = |index: &ColumnIndex, k: i64| {
+            let mut out = Vec::new();
+            index
+                .lookup_slots(&arrow::array::Int64Array::from(vec![k]), &mut out)
+                .unwrap();
+            out[0]
+        };
+        let mut bits = vec![0u64; (to.len() as usize).div_ceil(64)];
+        for k in (600..1700).step_by(2) {
+            let s = slot_of(&to, k);
+            bits[(s / 64) as usize] |= 1 << (s % 64);
+        }
+        let pre = t.preimage_bits(&bits);
+        assert_eq!(pre.len(), (from.len() as usize).div_ceil(64));
+        for k in from_keys {
+            let s = slot_of(&from, k);
+            let set = pre[(s / 64) as usize] >> (s % 64) & 1 == 1;
+            assert_eq!(set, k >= 600 && k % 2 == 0, "key {k}");
+        }
+        assert!(t.preimage_bits(&[]).iter().all(|&w| w == 0), "an empty set");
+    }
 
     #[test]
     fn a_map_after_the_translation_reads_each_translated_slot() {

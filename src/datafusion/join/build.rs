@@ -41,7 +41,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ::datafusion::arrow::array::{Array, ArrayRef, RecordBatch};
 use ::datafusion::arrow::compute::{concat, concat_batches};
@@ -154,6 +154,14 @@ pub struct BuildSide {
     /// One bit per build row that found a partner (kept only for join types that emit build
     /// rows at the end).
     visited: Vec<AtomicU64>,
+    /// One bit per slot of the index, set where a build row has that slot (kept only for
+    /// joins whose probe asks for membership alone, see `Prober::probe`): an eighth of a byte
+    /// a slot, where the slot table takes four, so a probe row's test stays in cache.
+    members: Vec<u64>,
+    /// `members` carried back into the slots of the probe key's own index (those whose key
+    /// translates into an occupied slot), made by the first probe stream that reads its own
+    /// slots; every stream of one join probes with the same translation.
+    probe_members: OnceLock<Vec<u64>>,
     /// Probe streams that have not finished; the last one emits the build side's final rows.
     probes_left: AtomicUsize,
     /// Where this build's work ran, and where work derived from it (a group join's groups) runs.
@@ -169,7 +177,8 @@ impl BuildSide {
     /// `inputs` are the build side's streams (several when a collected build side is read from
     /// its own partitions: each is read, and its keys looked up, by a task of its own); rows are
     /// numbered in input order. `key` is the indexed join key on the build side, `residual` the
-    /// other keys; `track_visits` keeps the visited bitmap; `probes` is the number of probe
+    /// other keys; `track_visits` keeps the visited bitmap, `member_bits` the bitmap of
+    /// occupied slots ([`BuildSide::members`]); `probes` is the number of probe
     /// streams that will read it. `stored_slots` is the position of the slots a slot-map scan
     /// appended to the build side, if it did. `threads` says where the lookups, concatenation
     /// and layout run (see [`BuildThreads`]).
@@ -185,6 +194,7 @@ impl BuildSide {
         stored_slots: Option<usize>,
         residual: &[PhysicalExprRef],
         track_visits: bool,
+        member_bits: bool,
         probes: usize,
         reservation: MemoryReservation,
         threads: BuildThreads,
@@ -243,6 +253,13 @@ impl BuildSide {
         let keys_repeat = index.stats().had_duplicates();
         let (table, strays, ranked) =
             slot_table(&slots, keys.as_ref(), n_slots, keys_repeat, threads, &mut reservation)?;
+        let members = match member_bits {
+            true => {
+                reservation.try_grow(n_slots.div_ceil(64) * 8)?;
+                occupied_bits(&slots, n_slots)
+            }
+            false => Vec::new(),
+        };
         drop(slots);
         let residual_keys = residual
             .iter()
@@ -255,7 +272,8 @@ impl BuildSide {
             Vec::new()
         };
         let ranked_size = ranked.as_ref().map_or(0, RankedSlots::size);
-        reservation.try_resize(batch.get_array_memory_size() + table.size() + ranked_size + visited.len() * 8)?;
+        let bitmaps = (visited.len() + members.len()) * 8;
+        reservation.try_resize(batch.get_array_memory_size() + table.size() + ranked_size + bitmaps)?;
         let timings = BuildTimings {
             input: input_done - start,
             slots: slots_done - input_done,
@@ -270,6 +288,8 @@ impl BuildSide {
             strays,
             residual_keys,
             visited,
+            members,
+            probe_members: OnceLock::new(),
             probes_left: AtomicUsize::new(probes.max(1)),
             threads,
             _reservation: reservation,
@@ -306,6 +326,19 @@ impl BuildSide {
             None => Some(slot),
             Some(ranked) => ranked.position(slot),
         }
+    }
+
+    /// The bitmap of occupied slots, when the build kept it (`member_bits`): bit `s` of word
+    /// `s / 64` is set where some build row has slot `s`. Build rows whose key is not in the
+    /// index are not in it; they are [`BuildSide::strays`].
+    pub fn members(&self) -> Option<&[u64]> {
+        (!self.members.is_empty()).then_some(&self.members[..])
+    }
+
+    /// [`BuildSide::members`] in the slots of the probe key's own index, made by `make` the
+    /// first time it is asked for (see the field's docs).
+    pub fn probe_members(&self, make: impl FnOnce() -> Vec<u64>) -> &[u64] {
+        self.probe_members.get_or_init(make)
     }
 
     /// Number of build rows.
@@ -482,6 +515,23 @@ fn members_in_range(slots: &[u64], n_slots: usize, threads: BuildThreads) -> Res
         )));
     }
     Ok(members)
+}
+
+/// One bit per slot of `n_slots`, set for the slots in `slots` (`ABSENT` skipped; slots were
+/// checked to lie below `n_slots` by [`members_in_range`]).
+fn occupied_bits(slots: &[u64], n_slots: usize) -> Vec<u64> {
+    let mut bits = vec![0u64; n_slots.div_ceil(64)];
+    for &s in slots.iter().filter(|&&s| s != ABSENT) {
+        bits[(s / 64) as usize] |= 1 << (s % 64);
+    }
+    bits
+}
+
+/// Whether `slot` is set in `bits` (see [`BuildSide::members`]); false past its end.
+#[inline]
+pub fn has_member(bits: &[u64], slot: u64) -> bool {
+    bits.get((slot / 64) as usize)
+        .is_some_and(|w| w >> (slot % 64) & 1 == 1)
 }
 
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).

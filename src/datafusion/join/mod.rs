@@ -189,6 +189,7 @@ impl MphfJoinExec {
         let stored_slots = scan_slots_position(&schema, &self.index);
         let residual: Vec<_> = self.residual_pairs().map(|(l, _)| Arc::clone(l)).collect();
         let track = Prober::tracks_visits(*self.join.join_type());
+        let member_bits = self.probes_membership();
         let reservation =
             MemoryConsumer::new(format!("MphfJoinExec[build {partition}]")).register(context.memory_pool());
         let build_time = MetricBuilder::new(&self.metrics).subset_time("build_time", partition);
@@ -210,6 +211,7 @@ impl MphfJoinExec {
                 stored_slots,
                 &residual,
                 track,
+                member_bits,
                 probes,
                 reservation,
                 threads,
@@ -227,6 +229,11 @@ impl MphfJoinExec {
             Ok(Arc::new(side))
         }
         .boxed())
+    }
+
+    /// Whether the probe asks for membership alone ([`probes_membership`] of this join).
+    pub fn probes_membership(&self) -> bool {
+        probes_membership(&self.join, !self.index.index().stats().had_duplicates())
     }
 
     /// The `on` pairs other than the indexed one.
@@ -255,6 +262,7 @@ impl MphfJoinExec {
             probe_rows: metric().counter("probe_rows", partition),
             probe_absent: metric().counter("probe_absent_rows", partition),
             probe_translated: metric().counter("probe_translated_rows", partition),
+            probe_member_rows: metric().counter("probe_member_rows", partition),
             translations_made: metric().counter("translations_made", partition),
         };
         let index = Arc::clone(&self.index);
@@ -273,6 +281,7 @@ impl MphfJoinExec {
         let probe_schema = self.join.right().schema();
         let schema = self.schema();
         let batch_size = context.session_config().batch_size();
+        let membership = self.probes_membership();
         move |build| Prober {
             build,
             index,
@@ -282,6 +291,7 @@ impl MphfJoinExec {
             residual,
             filter,
             join_type,
+            membership,
             columns,
             projection,
             probe_schema,
@@ -325,6 +335,28 @@ impl MphfJoinExec {
     }
 }
 
+/// Whether the output of `join` on slots needs only which probe rows have a partner, and how
+/// many (see [`Prober::membership`]): a right semi or anti join, or an inner join whose output
+/// holds probe columns alone over an index built without duplicates (`unique_keys`: one build
+/// row a slot), each with no residual key and no filter.
+pub(crate) fn probes_membership(join: &HashJoinExec, unique_keys: bool) -> bool {
+    if join.on().len() != 1 || join.filter().is_some() {
+        return false;
+    }
+    match join.join_type() {
+        JoinType::RightSemi | JoinType::RightAnti => true,
+        JoinType::Inner => {
+            let left_columns = join.left().schema().fields().len();
+            unique_keys
+                && join
+                    .projection
+                    .as_deref()
+                    .is_some_and(|p| p.iter().all(|&c| c >= left_columns))
+        }
+        _ => false,
+    }
+}
+
 impl DisplayAs for MphfJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let info = self.index.info();
@@ -350,6 +382,9 @@ impl DisplayAs for MphfJoinExec {
                 )?;
                 if let Some(t) = &self.translator {
                     write!(f, ", probe_index={}", t.describe())?;
+                }
+                if self.probes_membership() {
+                    write!(f, ", probe=membership")?;
                 }
                 if let Some(filter) = self.join.filter() {
                     write!(f, ", filter={}", filter.expression())?;

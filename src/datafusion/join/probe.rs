@@ -10,6 +10,14 @@
 //! Join types that emit build rows at the end (left, full, left semi/anti) mark matched build
 //! rows in the build side's bitmap; the last probe stream to finish emits the build rows that
 //! were (semi) or were not (left, full, anti) matched.
+//!
+//! Joins whose output needs only which probe rows have a partner, and how many (right semi and
+//! anti joins, and inner joins that output probe columns alone over a build key without
+//! duplicates; [`Prober::membership`]) skip the slot table: a probe row tests its slot in the
+//! build's bitmap of occupied slots, a bit a slot where the table holds four bytes, so the test
+//! stays in cache where the table's read would miss. A probe key with its own slots (slot maps
+//! or row slots) tests those against the bitmap carried back into its own index, with no
+//! translation per row.
 
 use std::sync::Arc;
 
@@ -26,7 +34,7 @@ use ::datafusion::physical_expr::PhysicalExprRef;
 use ::datafusion::physical_plan::joins::utils::{ColumnIndex as JoinColumn, JoinFilter};
 use ::datafusion::physical_plan::metrics::{Count, Time};
 
-use super::build::SharedBuild;
+use super::build::{has_member, SharedBuild};
 use super::translate::Translator;
 use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ABSENT;
@@ -47,6 +55,9 @@ pub struct ProbeMetrics {
     pub probe_absent: Count,
     /// Probe rows whose slots came from the probe index's row slots, translated.
     pub probe_translated: Count,
+    /// Probe rows matched by a test of their slot in the build's bitmap of occupied slots
+    /// (see [`Prober::membership`]).
+    pub probe_member_rows: Count,
     /// Slot translations this plan made (0 when it reused the one kept with the index).
     pub translations_made: Count,
 }
@@ -70,6 +81,11 @@ pub struct Prober {
     pub filter: Option<JoinFilter>,
     /// The join type (never `LeftMark` / `RightMark`).
     pub join_type: JoinType,
+    /// The output needs only which probe rows have a partner, and how many: a right semi or
+    /// anti join, or an inner join that outputs probe columns alone, with no residual key and
+    /// no filter. The build then keeps its bitmap of occupied slots (see
+    /// [`Prober::membership`]).
+    pub membership: bool,
     /// Where each column of the unprojected join output comes from.
     pub columns: Vec<JoinColumn>,
     /// The join's embedded projection.
@@ -112,8 +128,59 @@ impl Prober {
     /// # Errors
     /// Expression evaluation and Arrow kernel errors.
     pub fn probe(&self, batch: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        if let Some(members) = self.membership() {
+            let p = self.member_rows(batch, members)?;
+            return self.emit_pairs(batch, Vec::new(), p);
+        }
         let (b, p) = self.pairs(batch)?;
         self.emit_pairs(batch, b, p)
+    }
+
+    /// Whether the probe asks for membership alone ([`Prober::membership`] was set), the build
+    /// kept its bitmap, and, for an inner join, no slot has two build rows (each member probe
+    /// row then makes exactly one output row); the bitmap if so.
+    ///
+    /// Semi and anti joins read the bitmap whatever the table: a probe row's output does not
+    /// depend on how many partners it has.
+    pub fn membership(&self) -> Option<&[u64]> {
+        let unique_enough = self.join_type != JoinType::Inner || self.build.is_unique();
+        self.build.members().filter(|_| self.membership && unique_enough)
+    }
+
+    /// The probe rows of `batch` with a partner, in probe-row order, a row once per partner:
+    /// once where its slot is occupied (each occupied slot has one build row for an inner
+    /// join, see [`Prober::membership`]), and once per stray build row of its key when its key
+    /// is not in the index. The pairs' build rows are not needed, so neither is the slot table.
+    fn member_rows(&self, batch: &RecordBatch, members: &[u64]) -> Result<Vec<u32>> {
+        let n = batch.num_rows();
+        self.metrics.probe_rows.add(n);
+        let keys = self.probe_key.evaluate(batch)?.into_array(n)?;
+        let (slots, members) = match self.own_slots_and_members(batch, n, members)? {
+            Some(own) => own,
+            None => (self.slots_of(batch, n)?, members),
+        };
+        let _t = self.metrics.join_time.timer();
+        let mut p = Vec::with_capacity(n);
+        let strays = !self.build.strays.is_empty();
+        let nulls = keys.logical_nulls();
+        let mut absent = 0;
+        for (i, &s) in slots.iter().enumerate() {
+            if s != ABSENT {
+                if has_member(members, s) {
+                    p.push(i as u32);
+                }
+                continue;
+            }
+            absent += 1;
+            if strays && nulls.as_ref().is_none_or(|m| m.is_valid(i)) {
+                if let Some(rows) = self.build.strays.get(&ScalarValue::try_from_array(keys.as_ref(), i)?) {
+                    p.extend(std::iter::repeat_n(i as u32, rows.len()));
+                }
+            }
+        }
+        self.metrics.probe_absent.add(absent);
+        self.metrics.probe_member_rows.add(n);
+        Ok(p)
     }
 
     /// The probe batch's slots in the probe key's own index (into `out`), when a slot-map scan
@@ -146,28 +213,7 @@ impl Prober {
         let n = batch.num_rows();
         self.metrics.probe_rows.add(n);
         let keys = self.probe_key.evaluate(batch)?.into_array(n)?;
-        let mut slots = Vec::new();
-        {
-            let _t = self.metrics.lookup_time.timer();
-            let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
-            let translated = match &self.translation {
-                Some((t, pool)) if t.own_slots(batch, lookup.as_ref(), &mut slots) => {
-                    match t.table(&self.index, pool, &self.metrics.translations_made) {
-                        Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
-                        None => false,
-                    }
-                }
-                _ => false,
-            };
-            if translated {
-                self.metrics.probe_translated.add(n);
-            } else {
-                self.index
-                    .index()
-                    .lookup_slots(lookup.as_ref(), &mut slots)
-                    .map_err(to_df)?;
-            }
-        }
+        let slots = self.slots_of(batch, n)?;
         let _t = self.metrics.join_time.timer();
         let (mut b, mut p) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let strays = !self.build.strays.is_empty();
@@ -222,6 +268,66 @@ impl Prober {
             retain(mask, &mut b, &mut p);
         }
         Ok((b, p))
+    }
+
+    /// The slots of the `n` rows of `batch` in the probe key's own index, with the build's
+    /// occupied slots carried into that index ([`BuildSide::probe_members`]), when the probe
+    /// has its own slots and their translation, and the build has no strays: a probe row then
+    /// tests its own slot, with no translation per row. `None` otherwise (a stray build row is
+    /// found by its key, which only a probe row without a translated slot looks for).
+    ///
+    /// # Errors
+    /// Evaluating the lookup column.
+    fn own_slots_and_members(
+        &self,
+        batch: &RecordBatch,
+        n: usize,
+        members: &[u64],
+    ) -> Result<Option<(Vec<u64>, &[u64])>> {
+        let Some((t, pool)) = self.translation.as_ref().filter(|_| self.build.strays.is_empty()) else {
+            return Ok(None);
+        };
+        let _t = self.metrics.lookup_time.timer();
+        let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
+        let mut own = Vec::new();
+        if !t.own_slots(batch, lookup.as_ref(), &mut own) {
+            return Ok(None);
+        }
+        let Some(table) = t.table(&self.index, pool, &self.metrics.translations_made) else {
+            return Ok(None);
+        };
+        self.metrics.probe_translated.add(n);
+        Ok(Some((own, self.build.probe_members(|| table.preimage_bits(members)))))
+    }
+
+    /// The slots in the build index of the `n` rows of `batch`: their own index's slots
+    /// translated, when the probe key has slot maps or row slots, else looked up (`ABSENT`
+    /// for NULL and non-member keys).
+    ///
+    /// # Errors
+    /// Evaluating the lookup column, a translation or lookup error.
+    fn slots_of(&self, batch: &RecordBatch, n: usize) -> Result<Vec<u64>> {
+        let mut slots = Vec::new();
+        let _t = self.metrics.lookup_time.timer();
+        let lookup = self.lookup_key.evaluate(batch)?.into_array(n)?;
+        let translated = match &self.translation {
+            Some((t, pool)) if t.own_slots(batch, lookup.as_ref(), &mut slots) => {
+                match t.table(&self.index, pool, &self.metrics.translations_made) {
+                    Some(table) => table.translate(&mut slots).map_err(to_df).map(|()| true)?,
+                    None => false,
+                }
+            }
+            _ => false,
+        };
+        if translated {
+            self.metrics.probe_translated.add(n);
+        } else {
+            self.index
+                .index()
+                .lookup_slots(lookup.as_ref(), &mut slots)
+                .map_err(to_df)?;
+        }
+        Ok(slots)
     }
 
     /// Turns the matching pairs of one probe batch into output rows per join type.

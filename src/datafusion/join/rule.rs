@@ -94,7 +94,7 @@ use super::group_count;
 use super::group_join::group_join_shape;
 use super::scan_slots::{slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
-use super::{supports_join_type, MphfGroupJoinExec, MphfJoinExec};
+use super::{probes_membership, supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
@@ -408,6 +408,8 @@ fn estimate_of(
         hash_build_collected: builds_once(vanilla),
         build_keys_repeat: handle.index().stats().had_duplicates(),
         semi: is_semi_or_anti(join),
+        membership_bytes: probes_membership(join, !handle.index().stats().had_duplicates())
+            .then(|| handle.index().len() as f64 / 8.0),
         group_join: above.and_then(|agg| group_join_shape(agg, join, &costing.rows)),
     };
     Estimate {
