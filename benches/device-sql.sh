@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | overhead | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -70,6 +70,44 @@ if [ "$PART" = membab ]; then
       echo "### rules $rules, process $p" >> "$OUT/overhead.md"
       timeout 100 "$BIN" bench join --scale 1 --runs 7 --markdown --parquet --only custkey --only Q18 "${flags[@]}" \
         >> "$OUT/overhead.md" 2>> "$OUT/membab.err"
+    done
+  done
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = overhead ]; then
+  # Where the MPHF session's time goes when no MPHF operator runs (session 42): `mphf sql`
+  # running three joins 12 times each over TPC-H SF 1 Parquet, as plain DataFusion
+  # (`--no-mphf`), as the MPHF session over files without indexes, and over a copy of the same
+  # files with saved indexes on the join keys; two processes of each, alternating. Each
+  # statement's "N row(s) in S s" line is kept (overhead_sql.txt).
+  D=/tmp/overhead
+  rm -rf "$D" && mkdir -p "$D/plain" "$D/indexed"
+  "$BIN" tpch --scale 1 --output "$D/plain" --tables lineitem,orders,customer > /dev/null 2>&1
+  cp "$D"/plain/*.parquet "$D/indexed/"
+  tables() { for t in lineitem orders customer; do printf -- '--table %s=%s/%s.parquet ' "$t" "$1" "$t"; done; }
+  # shellcheck disable=SC2046
+  "$BIN" sql $(tables "$D/indexed") -c "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)" \
+    -c "CREATE INDEX o_ok ON orders USING mphf (o_orderkey)" -c "CREATE INDEX c_ck ON customer USING mphf (c_custkey)" \
+    > "$OUT/overhead_index.txt" 2>&1
+  QUERIES=(
+    "SELECT count(*), sum(l_quantity), sum(o_totalprice) FROM lineitem JOIN orders ON l_orderkey = o_orderkey"
+    "SELECT count(*), sum(o_totalprice), max(c_acctbal) FROM orders JOIN customer ON o_custkey = c_custkey"
+    "SELECT count(*) FROM lineitem WHERE l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_orderpriority = '1-URGENT')"
+  )
+  args=()
+  for q in "${QUERIES[@]}"; do for _ in $(seq 12); do args+=(-c "$q"); done; done
+  for p in 1 2; do
+    for variant in vanilla plain indexed; do
+      case $variant in
+        vanilla) flags=(--no-mphf $(tables "$D/plain"));;
+        plain) flags=($(tables "$D/plain"));;
+        indexed) flags=($(tables "$D/indexed"));;
+      esac
+      log "mphf sql, $variant, process $p"
+      echo "### $variant, process $p" >> "$OUT/overhead_sql.txt"
+      timeout 120 "$BIN" sql --format csv "${flags[@]}" "${args[@]}" 2>&1 | grep "row(s) in" >> "$OUT/overhead_sql.txt"
     done
   done
   log "done"

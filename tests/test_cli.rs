@@ -757,13 +757,10 @@ fn groupby_and_join_benches_run_on_workers() {
     );
 }
 
-/// `mphf sql --no-mphf --workers 2` runs DataFusion's own distributed plan (stages, no MPHF
-/// node) on an in-memory cluster, next to the extension's plan on the same saved index, and
-/// both give the rows of one process.
+/// TPC-H SF 0.01 `lineitem` written under `files`, with the index `li_ok` on `l_orderkey`
+/// saved next to it; its `--table` argument.
 #[cfg(feature = "distributed")]
-#[test]
-fn vanilla_sql_runs_on_workers_too() {
-    let files = Files::new();
+fn indexed_lineitem(files: &Files) -> String {
     let dir = files.path("tpch");
     ok(&["tpch", "--scale", "0.01", "--output", &dir, "--tables", "lineitem"]);
     let lineitem = format!("lineitem={dir}/lineitem.parquet");
@@ -774,6 +771,17 @@ fn vanilla_sql_runs_on_workers_too() {
         "-c",
         "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)",
     ]);
+    lineitem
+}
+
+/// `mphf sql --no-mphf --workers 2` runs DataFusion's own distributed plan (stages, no MPHF
+/// node) on an in-memory cluster, next to the extension's plan on the same saved index, and
+/// both give the rows of one process.
+#[cfg(feature = "distributed")]
+#[test]
+fn vanilla_sql_runs_on_workers_too() {
+    let files = Files::new();
+    let lineitem = indexed_lineitem(&files);
     let query = "SELECT l_orderkey, count(*) AS n FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey";
     let single = ok(&["sql", "--no-mphf", "--format", "csv", "--table", &lineitem, "-c", query]);
     let on_workers = |mode: &str, statement: &str| {
@@ -859,16 +867,7 @@ impl Drop for Workers {
 fn workers_in_other_processes_open_the_saved_index() {
     use std::process::Stdio;
     let files = Files::new();
-    let dir = files.path("tpch");
-    ok(&["tpch", "--scale", "0.01", "--output", &dir, "--tables", "lineitem"]);
-    let lineitem = format!("lineitem={dir}/lineitem.parquet");
-    ok(&[
-        "sql",
-        "--table",
-        &lineitem,
-        "-c",
-        "CREATE INDEX li_ok ON lineitem USING mphf (l_orderkey)",
-    ]);
+    let lineitem = indexed_lineitem(&files);
     let query =
         "SELECT l_orderkey, count(*) AS n, sum(l_quantity) AS q FROM lineitem GROUP BY l_orderkey ORDER BY l_orderkey";
     let single = ok(&["sql", "--format", "csv", "--table", &lineitem, "-c", query]);

@@ -44,6 +44,11 @@ async fn setup(partitions: usize, partitioned_joins: bool) -> MphfContext {
     ctx
 }
 
+/// Runs one statement that returns no rows worth checking (DDL, SET).
+async fn run_statement(ctx: &MphfContext, sql: &str) {
+    ctx.sql(sql).await.unwrap().collect().await.unwrap();
+}
+
 /// The text of `EXPLAIN ANALYZE sql` (the plan with its metrics).
 async fn explain_analyze(ctx: &MphfContext, sql: &str) -> String {
     let df = ctx.sql(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
@@ -296,12 +301,7 @@ async fn membership_probes_test_the_occupied_slots() {
     for partitions in [1, 2, 16] {
         let ctx = setup(partitions, partitions == 16).await;
         ctx.tune(|t| t.join_partitioned_max_partitions = 0);
-        ctx.sql("CREATE INDEX fact_name ON fact USING mphf (name)")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        run_statement(&ctx, "CREATE INDEX fact_name ON fact USING mphf (name)").await;
         for (sql, membership) in [
             ("SELECT count(*), sum(f.v) FROM fact f JOIN dim d ON f.id = d.id", Some(true)),
             (
@@ -500,12 +500,7 @@ async fn a_group_join_reads_groups_by_the_probe_slot() {
     for partitions in [1, 2, 4] {
         let ctx = setup(partitions, false).await;
         // String keys: an in-memory index keeps row slots for them.
-        ctx.sql("CREATE INDEX fact_name ON fact USING mphf (name)")
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        run_statement(&ctx, "CREATE INDEX fact_name ON fact USING mphf (name)").await;
         let by_slot = |text: &str| {
             text.split("probe_rows_grouped_by_slot=")
                 .nth(1)

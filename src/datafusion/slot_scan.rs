@@ -515,10 +515,15 @@ impl SlotScanExec {
             KeyColumn::WhereNoSlots => source_without(Some(key))?,
             KeyColumn::Read => None,
         };
+        // The scan's configuration without its files: each single-file scan below clones it
+        // and adds its one file. Cloning the whole configuration per file cost planning time in
+        // proportion to files × file groups (every file's statistics copied for every file).
+        let mut fileless = config.clone();
+        fileless.file_groups = Vec::new();
         // A single-file scan of `file` through `source`, when it gives the `columns` expected
         // and the row numbers last.
         let file_exec = |file: &PartitionedFile, source: &Arc<dyn FileSource>, columns: usize| {
-            let single = FileScanConfigBuilder::from(config.clone())
+            let single = FileScanConfigBuilder::from(fileless.clone())
                 .with_source(Arc::clone(source))
                 .with_file_groups(vec![FileGroup::new(vec![file.clone()])])
                 .build();

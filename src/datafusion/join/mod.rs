@@ -281,7 +281,7 @@ impl MphfJoinExec {
         let probe_schema = self.join.right().schema();
         let schema = self.schema();
         let batch_size = context.session_config().batch_size();
-        let membership = self.probes_membership();
+        let wants_membership = self.probes_membership();
         move |build| Prober {
             build,
             index,
@@ -291,7 +291,7 @@ impl MphfJoinExec {
             residual,
             filter,
             join_type,
-            membership,
+            wants_membership,
             columns,
             projection,
             probe_schema,

@@ -55,8 +55,8 @@ pub struct ProbeMetrics {
     pub probe_absent: Count,
     /// Probe rows whose slots came from the probe index's row slots, translated.
     pub probe_translated: Count,
-    /// Probe rows matched by a test of their slot in the build's bitmap of occupied slots
-    /// (see [`Prober::membership`]).
+    /// Probe rows whose slot was tested in the build's bitmap of occupied slots (see
+    /// [`Prober::membership`]).
     pub probe_member_rows: Count,
     /// Slot translations this plan made (0 when it reused the one kept with the index).
     pub translations_made: Count,
@@ -85,7 +85,7 @@ pub struct Prober {
     /// anti join, or an inner join that outputs probe columns alone, with no residual key and
     /// no filter. The build then keeps its bitmap of occupied slots (see
     /// [`Prober::membership`]).
-    pub membership: bool,
+    pub wants_membership: bool,
     /// Where each column of the unprojected join output comes from.
     pub columns: Vec<JoinColumn>,
     /// The join's embedded projection.
@@ -136,7 +136,7 @@ impl Prober {
         self.emit_pairs(batch, b, p)
     }
 
-    /// Whether the probe asks for membership alone ([`Prober::membership`] was set), the build
+    /// Whether the probe asks for membership alone ([`Prober::wants_membership`]), the build
     /// kept its bitmap, and, for an inner join, no slot has two build rows (each member probe
     /// row then makes exactly one output row); the bitmap if so.
     ///
@@ -144,7 +144,7 @@ impl Prober {
     /// depend on how many partners it has.
     pub fn membership(&self) -> Option<&[u64]> {
         let unique_enough = self.join_type != JoinType::Inner || self.build.is_unique();
-        self.build.members().filter(|_| self.membership && unique_enough)
+        self.build.members().filter(|_| self.wants_membership && unique_enough)
     }
 
     /// The probe rows of `batch` with a partner, in probe-row order, a row once per partner:
