@@ -1,4 +1,14 @@
-//! Word-level bit tricks shared by the Rice reader and the Elias–Fano select.
+//! Word-level bit tricks shared by the Rice reader, the Elias–Fano select and the bitmaps of
+//! slots.
+
+/// Whether bit `pos` (bit `pos % 64` of word `pos / 64`) of `words` is set; false past the end.
+#[inline]
+pub fn bit_is_set(words: &[u64], pos: u64) -> bool {
+    usize::try_from(pos / 64)
+        .ok()
+        .and_then(|w| words.get(w))
+        .is_some_and(|w| w >> (pos % 64) & 1 == 1)
+}
 
 /// Position of the `k`-th one-bit (from 0) of `w`; `k` must be `< popcnt(w)`.
 ///

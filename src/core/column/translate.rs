@@ -19,6 +19,7 @@ use arrow::array::Array;
 use rayon::prelude::*;
 
 use super::{ColumnIndex, ABSENT};
+use crate::core::bits::bit_is_set;
 use crate::error::{MphfError, Result};
 
 /// Translated: the key is not in the target index.
@@ -89,7 +90,7 @@ impl SlotTranslation {
     /// whose key translates into the set. Computed for every slot of `from` at once, in
     /// parallel; a slot past the end of `bits` is not in the set.
     pub fn preimage_bits(&self, bits: &[u64]) -> Vec<u64> {
-        let in_set = |t: u32| t != NONE && bits.get(t as usize / 64).is_some_and(|w| w >> (t % 64) & 1 == 1);
+        let in_set = |t: u32| t != NONE && bit_is_set(bits, u64::from(t));
         self.table
             .par_chunks(64)
             .with_min_len(CHUNK / 64)

@@ -527,13 +527,6 @@ fn occupied_bits(slots: &[u64], n_slots: usize) -> Vec<u64> {
     bits
 }
 
-/// Whether `slot` is set in `bits` (see [`BuildSide::members`]); false past its end.
-#[inline]
-pub fn has_member(bits: &[u64], slot: u64) -> bool {
-    bits.get((slot / 64) as usize)
-        .is_some_and(|w| w >> (slot % 64) & 1 == 1)
-}
-
 /// Builds the slot table from the build rows' slots (`ABSENT` for NULL or non-member keys).
 /// Where the indexed table's keys repeat (`keys_repeat`), the build goes straight to the CSR
 /// layout; otherwise the unique layout is tried first (on the build's `threads`), and a slot

@@ -34,8 +34,9 @@ use ::datafusion::physical_expr::PhysicalExprRef;
 use ::datafusion::physical_plan::joins::utils::{ColumnIndex as JoinColumn, JoinFilter};
 use ::datafusion::physical_plan::metrics::{Count, Time};
 
-use super::build::{has_member, SharedBuild};
+use super::build::SharedBuild;
 use super::translate::Translator;
+use crate::core::bits::bit_is_set;
 use crate::core::column::translate::SlotTranslation;
 use crate::core::column::ABSENT;
 use crate::datafusion::compact_views::compact_views;
@@ -166,7 +167,7 @@ impl Prober {
         let mut absent = 0;
         for (i, &s) in slots.iter().enumerate() {
             if s != ABSENT {
-                if has_member(members, s) {
+                if bit_is_set(members, s) {
                     p.push(i as u32);
                 }
                 continue;
