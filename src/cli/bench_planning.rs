@@ -1,5 +1,6 @@
 //! `mphf bench planning`: what the MPHF rules add to planning. TPC-H Q1–Q22 (the queries of
-//! `sql-tests/tpch_queries.slt`) over in-memory tables, planned from SQL to a physical plan in a
+//! `sql-tests/tpch_queries.slt`) over in-memory tables, or with `--parquet` over Parquet files
+//! (one file per partition, indexes with slot maps), planned from SQL to a physical plan in a
 //! vanilla session and in an MPHF session with an index on every key column, in one process.
 //!
 //! Planning takes a few milliseconds and the difference sought is a fraction of one, so each
@@ -14,7 +15,7 @@ use ::datafusion::physical_plan::{displayable, ExecutionPlan};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use super::demo::{apply_settings, tpch_sessions};
+use super::demo::{apply_settings, partitions_or_cores, tpch_parquet_sessions, tpch_sessions};
 use super::difftest::tpch_suite;
 use super::timing::{median, time_both};
 use crate::datafusion::tpch::TABLES;
@@ -34,6 +35,11 @@ pub struct BenchPlanningArgs {
     /// Print the result table as Markdown (for benches/RESULTS.md).
     #[arg(long)]
     pub markdown: bool,
+    /// Plan over Parquet files (written to a temporary folder, one file per partition and
+    /// table) instead of in-memory tables: the indexes then have slot maps, and the rules
+    /// consider slot scans.
+    #[arg(long)]
+    pub parquet: bool,
     /// `KEY=VALUE`: a session setting set in the MPHF session before planning (repeatable),
     /// e.g. `--set mphf.enable_join=false`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -57,7 +63,14 @@ pub async fn run(args: BenchPlanningArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &TABLES)?;
+    let (mphf, vanilla, parts, _temp) = if args.parquet {
+        let parts = partitions_or_cores(args.partitions);
+        let (s, temp) = tpch_parquet_sessions(args.scale, parts, &TABLES, false, 0).await?;
+        (s.mphf, s.vanilla, parts, Some(temp))
+    } else {
+        let (mphf, vanilla, parts) = tpch_sessions(args.scale, args.partitions, &TABLES)?;
+        (mphf, vanilla, parts, None)
+    };
     let (create, queries) = tpch_suite();
     for statement in &create {
         mphf.sql(statement).await?;
@@ -100,9 +113,10 @@ pub async fn run(args: BenchPlanningArgs) -> Result<()> {
     }
     let max = added.iter().copied().fold(f64::MIN, f64::max);
     println!(
-        "planning added by the MPHF session over {} queries (SF {}, {parts} partitions, median of {} plans each): median {:.3} ms, largest {max:.3} ms",
+        "planning added by the MPHF session over {} queries (SF {}, {}, {parts} partitions, median of {} plans each): median {:.3} ms, largest {max:.3} ms",
         added.len(),
         args.scale,
+        if args.parquet { "Parquet" } else { "in memory" },
         args.runs,
         median(&mut added)
     );

@@ -300,7 +300,7 @@ async fn vanilla_join_paths(ctx: &SessionContext, sql: &str) -> Result<String> {
 pub(super) const LARGE_SCALE: f64 = 5.0;
 
 /// `partitions`, or the available cores without it (`--partitions`' default).
-fn partitions_or_cores(partitions: Option<usize>) -> usize {
+pub(super) fn partitions_or_cores(partitions: Option<usize>) -> usize {
     partitions.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
@@ -337,7 +337,7 @@ pub(super) fn tpch_sessions(
 ///
 /// # Errors
 /// Generation, Parquet and cluster errors.
-async fn tpch_parquet_sessions(
+pub(super) async fn tpch_parquet_sessions(
     scale: f64,
     parts: usize,
     tables: &[&str],
