@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | overhead | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | planab (BASE binary 4th) | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | overhead | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -301,6 +301,36 @@ if [ "$PART" = suites ]; then
   log "bench sparse, 30 M rows, 16 partitions"
   timeout 240 "$BIN" bench sparse --rows 30000000 --runs 5 --parquet /tmp/sparse30m --markdown \
     > "$OUT/sparse_30m_p16.md" 2>> "$OUT/suites.err"
+  log "done"
+  exit 0
+fi
+
+if [ "$PART" = planab ]; then
+  # Issue 23 (session 43): the MPHF rules' planning time over Parquet on 16 partitions (`mphf
+  # bench planning --parquet`), then the group-by and join suites over Parquet in one process
+  # and on in-memory clusters of 4 workers; BASE and BIN alternating, two processes each, one
+  # file per binary and form.
+  BASE=${4:?base binary}
+  for p in 1 2; do
+    for b in BASE BIN; do
+      log "$b: bench planning --parquet, 16 partitions, process $p"
+      timeout 120 "${!b}" bench planning --parquet --partitions 16 --runs 31 --markdown \
+        >> "$OUT/planning_$b.md" 2>> "$OUT/planab.err"
+    done
+  done
+  for suite in groupby join; do
+    for p in 1 2; do
+      for form in parquet w4; do
+        case $form in parquet) flags=(--parquet);; w4) flags=(--workers 4);; esac
+        for b in BASE BIN; do
+          log "$b: bench $suite SF 1, $form, process $p"
+          echo "### process $p" >> "$OUT/${suite}_${form}_$b.md"
+          timeout 150 "${!b}" bench "$suite" --scale 1 --runs 3 --markdown "${flags[@]}" \
+            >> "$OUT/${suite}_${form}_$b.md" 2>> "$OUT/planab.err"
+        done
+      done
+    done
+  done
   log "done"
   exit 0
 fi

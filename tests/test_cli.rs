@@ -708,7 +708,24 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
     ]);
     assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
     assert!(
-        out.contains("over 22 queries (SF 0.01, 2 partitions, median of 1 plans each)"),
+        out.contains("over 22 queries (SF 0.01, in memory, 2 partitions, median of 1 plans each)"),
+        "{out}"
+    );
+    // Over Parquet the indexes have slot maps, and the rules consider slot scans.
+    let out = ok(&[
+        "bench",
+        "planning",
+        "--parquet",
+        "--scale",
+        "0.01",
+        "--partitions",
+        "2",
+        "--runs",
+        "1",
+    ]);
+    assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
+    assert!(
+        out.contains("over 22 queries (SF 0.01, Parquet, 2 partitions, median of 1 plans each)"),
         "{out}"
     );
 

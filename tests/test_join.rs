@@ -195,6 +195,22 @@ async fn costing_yields_to_array_map_and_small_indexes() {
         plan.contains(" slots, fewer than join_min_slots (100000): the hash table stays in cache\n"),
         "{plan}"
     );
+    // Only the probe key indexed (DataFusion keeps the written order): the rule tried the join
+    // swapped, and the reason says so.
+    run_statement(&ctx, "SET datafusion.optimizer.join_reordering = false").await;
+    let plan = compare(
+        &ctx,
+        "SELECT count(*) FROM (SELECT k FROM big WHERE bid <= 100) s JOIN fact f ON s.k = f.id",
+    )
+    .await;
+    assert!(!plan.contains("MphfJoinExec"), "{plan}");
+    assert!(
+        plan.contains(
+            "MphfDeclined: reason=swapped: 9000 slots, fewer than join_min_slots (100000): the hash table stays in cache\n"
+        ),
+        "{plan}"
+    );
+    run_statement(&ctx, "SET datafusion.optimizer.join_reordering = true").await;
 }
 
 /// Under `Tuning::compare_costs` the cost model decides between the forms that pass the

@@ -7,8 +7,10 @@
 //!   AggregateExec: mode=Partial, gby=[id@0 as id], aggr=[count(Int64(1))]
 //! ```
 //!
-//! The rule runs after the aggregate and join rules and asks them the same question they
-//! decided on ([`aggregate::decide`](crate::datafusion::aggregate::decide),
+//! The rule runs after the aggregate and join rules and shows the reason they declined with:
+//! recorded by the rule itself for a node no later rule rebuilt
+//! ([`verdicts`](crate::datafusion::plan::verdicts)), else asked again with the same question
+//! they decided on ([`aggregate::decide`](crate::datafusion::aggregate::decide),
 //! [`join::rule::candidates`]), so a reason is the rules' own. The node does nothing at run
 //! time: `execute` is its input's, and it keeps its input's properties, so no rule or
 //! requirement sees a difference.
@@ -33,6 +35,7 @@ use ::datafusion::physical_plan::{
 use super::aggregate::{self, Decision, RowEstimator};
 use super::config::MphfConfig;
 use super::join::rule::{self as join_rule, Forms};
+use super::plan::verdicts::{self, Question};
 use super::plan::{thresholds_for, Declined};
 
 /// A candidate left to DataFusion, shown with the reason (see the module docs). Runs its input.
@@ -144,12 +147,17 @@ impl MphfExplainRule {
     }
 }
 
-/// Why the aggregate `agg`, still DataFusion's, was declined (`None`: not a candidate).
+/// Why the aggregate `agg` (the plan node `node`), still DataFusion's, was declined (`None`:
+/// not a candidate).
 fn aggregate_reason(
+    node: &Arc<dyn ExecutionPlan>,
     agg: &AggregateExec,
     costing: &aggregate::Costing,
     estimates: &RowEstimator,
 ) -> Result<Option<Declined>> {
+    if let Some(declined) = verdicts::recorded(Question::Aggregate, node, None) {
+        return Ok(Some(declined));
+    }
     // Stages on workers: the rule decided every node per partition (no slot-range merge).
     let merge = !costing.distributed;
     Ok(match aggregate::decide(agg, costing, merge, estimates)? {
@@ -175,22 +183,27 @@ fn aggregate_reason(
     })
 }
 
-/// Why the join `join`, still DataFusion's, was declined (`None`: not a candidate); `above` is
-/// the aggregate it feeds directly, if any (the rule prices a join with the aggregate it would
-/// run fused with).
+/// Why the join `join` (the plan node `node`), still DataFusion's, was declined (`None`: not a
+/// candidate); `above` is the aggregate it feeds directly, if any (the rule prices a join with
+/// the aggregate it would run fused with).
 fn join_reason(
+    node: &Arc<dyn ExecutionPlan>,
     join: &HashJoinExec,
     costing: &join_rule::Costing,
-    above: Option<&AggregateExec>,
+    above: Option<&Arc<dyn ExecutionPlan>>,
 ) -> Result<Option<Declined>> {
+    let swapped_reason = |d: Declined| Declined::new(format!("swapped: {}", d.reason), d.estimate);
     if join_rule::indexed_key(join).is_none() {
         // Only the probe side indexed: the rule tried the swapped collect form.
         if !join_rule::swappable(join, costing) || !join_rule::probe_key_indexed(join) {
             return Ok(None);
         }
+        if let Some(declined) = verdicts::recorded(Question::SwappedJoin, node, None) {
+            return Ok(Some(swapped_reason(declined)));
+        }
         return Ok(
             match join_rule::candidates(&join_rule::swapped(join)?, join, costing, false, None)? {
-                Forms::Declined(d) => Some(Declined::new(format!("swapped: {}", d.reason), d.estimate)),
+                Forms::Declined(d) => Some(swapped_reason(d)),
                 Forms::Some(..) => Some(Declined::new(
                     "swapped: the collect form breaks a distribution or ordering a node above requires".into(),
                     None,
@@ -199,7 +212,11 @@ fn join_reason(
             },
         );
     }
-    Ok(match join_rule::candidates(join, join, costing, false, above)? {
+    if let Some(declined) = verdicts::recorded(Question::Join, node, above) {
+        return Ok(Some(declined));
+    }
+    let above_agg = above.and_then(|a| a.downcast_ref::<AggregateExec>());
+    Ok(match join_rule::candidates(join, join, costing, false, above_agg)? {
         Forms::NotCandidate => None,
         Forms::Declined(declined) => Some(declined),
         Forms::Some(one, collect) => {
@@ -214,54 +231,10 @@ fn join_reason(
 
 impl PhysicalOptimizerRule for MphfExplainRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
-        let Some(cfg) = config.extensions.get::<MphfConfig>() else {
-            return Ok(plan);
-        };
-        let Some(t) = thresholds_for(cfg, config) else {
-            return Ok(plan);
-        };
-        let aggregates = cfg.enable_aggregate.then(|| aggregate::Costing::of(&t, cfg, config));
-        let joins = cfg.enable_join.then(|| join_rule::Costing::of(&t, config));
-        // Top-down, so that each candidate is asked about with its original subtree (the rules'
-        // walks do not know the annotation); `original` keeps every node of that plan alive for
-        // the pass, so the estimator's node addresses stay valid, and `annotated` keeps a
-        // node from being annotated again when the walk reaches it below its annotation.
-        let original = Arc::clone(&plan);
-        let estimates = RowEstimator::new();
-        let mut annotated = HashSet::new();
-        // The aggregate that each join feeds directly, by the join's address.
-        let mut feeds: HashMap<usize, Arc<dyn ExecutionPlan>> = HashMap::new();
-        let annotated_plan = plan
-            .transform_down(|node| {
-                let address = Arc::as_ptr(&node) as *const () as usize;
-                if annotated.contains(&address) {
-                    return Ok(Transformed::no(node));
-                }
-                if let Some(agg) = node.downcast_ref::<AggregateExec>() {
-                    if agg.input().downcast_ref::<HashJoinExec>().is_some() {
-                        let input = Arc::as_ptr(agg.input()) as *const () as usize;
-                        feeds.insert(input, Arc::clone(&node));
-                    }
-                }
-                let declined = if let (Some(agg), Some(costing)) = (node.downcast_ref::<AggregateExec>(), &aggregates) {
-                    aggregate_reason(agg, costing, &estimates)?
-                } else if let (Some(join), Some(costing)) = (node.downcast_ref::<HashJoinExec>(), &joins) {
-                    let above = feeds.get(&address).and_then(|a| a.downcast_ref::<AggregateExec>());
-                    join_reason(join, costing, above)?
-                } else {
-                    None
-                };
-                Ok(match declined {
-                    Some(declined) => {
-                        annotated.insert(address);
-                        Transformed::yes(Arc::new(MphfDeclinedExec::new(node, declined)) as Arc<dyn ExecutionPlan>)
-                    }
-                    None => Transformed::no(node),
-                })
-            })
-            .data();
-        drop(original);
-        annotated_plan
+        let annotated = annotate(plan, config);
+        // The pass ends here: no record is kept for the next one.
+        verdicts::clear(&verdicts::ALL);
+        annotated
     }
 
     fn name(&self) -> &str {
@@ -271,4 +244,55 @@ impl PhysicalOptimizerRule for MphfExplainRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `plan` with every declined candidate under an [`MphfDeclinedExec`] (see the module docs).
+fn annotate(plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(cfg) = config.extensions.get::<MphfConfig>() else {
+        return Ok(plan);
+    };
+    let Some(t) = thresholds_for(cfg, config) else {
+        return Ok(plan);
+    };
+    let aggregates = cfg.enable_aggregate.then(|| aggregate::Costing::of(&t, cfg, config));
+    let joins = cfg.enable_join.then(|| join_rule::Costing::of(&t, config));
+    // Top-down, so that each candidate is asked about with its original subtree (the rules'
+    // walks do not know the annotation); `original` keeps every node of that plan alive for
+    // the pass, so the estimator's node addresses stay valid, and `annotated` keeps a
+    // node from being annotated again when the walk reaches it below its annotation.
+    let original = Arc::clone(&plan);
+    let estimates = RowEstimator::new();
+    let mut annotated = HashSet::new();
+    // The aggregate that each join feeds directly, by the join's address.
+    let mut feeds: HashMap<usize, Arc<dyn ExecutionPlan>> = HashMap::new();
+    let annotated_plan = plan
+        .transform_down(|node| {
+            let address = Arc::as_ptr(&node) as *const () as usize;
+            if annotated.contains(&address) {
+                return Ok(Transformed::no(node));
+            }
+            if let Some(agg) = node.downcast_ref::<AggregateExec>() {
+                if agg.input().downcast_ref::<HashJoinExec>().is_some() {
+                    let input = Arc::as_ptr(agg.input()) as *const () as usize;
+                    feeds.insert(input, Arc::clone(&node));
+                }
+            }
+            let declined = if let (Some(agg), Some(costing)) = (node.downcast_ref::<AggregateExec>(), &aggregates) {
+                aggregate_reason(&node, agg, costing, &estimates)?
+            } else if let (Some(join), Some(costing)) = (node.downcast_ref::<HashJoinExec>(), &joins) {
+                join_reason(&node, join, costing, feeds.get(&address))?
+            } else {
+                None
+            };
+            Ok(match declined {
+                Some(declined) => {
+                    annotated.insert(address);
+                    Transformed::yes(Arc::new(MphfDeclinedExec::new(node, declined)) as Arc<dyn ExecutionPlan>)
+                }
+                None => Transformed::no(node),
+            })
+        })
+        .data();
+    drop(original);
+    annotated_plan
 }

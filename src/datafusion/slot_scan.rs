@@ -52,7 +52,7 @@ use ::datafusion::common::tree_node::TreeNodeRecursion;
 use ::datafusion::common::{internal_err, ColumnStatistics, Result, ScalarValue, Statistics};
 use ::datafusion::datasource::listing::PartitionedFile;
 use ::datafusion::datasource::physical_plan::{
-    FileGroup, FileGroupPartitioner, FileScanConfigBuilder, FileSource, ParquetSource,
+    FileGroup, FileGroupPartitioner, FileScanConfig, FileScanConfigBuilder, FileSource, ParquetSource,
 };
 use ::datafusion::datasource::source::DataSourceExec;
 use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -282,18 +282,68 @@ pub fn scan_slots_position(schema: &Schema, handle: &IndexHandle) -> Option<usiz
         .position(|f| f.metadata().get(SCAN_SLOTS_METADATA_KEY) == Some(&label))
 }
 
-/// One file of one partition: its own single-file scans with row numbers, and its slots.
+/// One file of one partition: the file, and its slots. Its single-file scan is built when the
+/// partition reaches it ([`FileReader::exec`]), not when the plan is made: planning builds and
+/// drops many candidate plans, and a scan built per file for each of them was most of what the
+/// MPHF rules added to planning.
 #[derive(Debug, Clone)]
 struct FileScan {
-    /// DataFusion's scan of this file alone, its output plus the row-number column.
-    exec: Arc<dyn ExecutionPlan>,
-    /// The same scan without the key column (under [`KeyColumn::WhereNoSlots`]), run when the
-    /// file's slot map is fresh.
-    without_key: Option<Arc<dyn ExecutionPlan>>,
+    /// The file (or byte range of one), as the replaced scan lists it.
+    file: PartitionedFile,
     /// Canonical path (`None`: could not be resolved; its rows get NULL slots).
     path: Option<PathBuf>,
     /// The file's slot map.
     slots: Option<Arc<FileSlots>>,
+}
+
+/// How one file is read: DataFusion's Parquet scan of that file alone, its output plus the
+/// row-number column, built from the replaced scan's configuration.
+struct FileReader {
+    /// The replaced scan's configuration without its file groups (each scan adds its one file).
+    /// Cloning the whole configuration per file copied every file's statistics for every file.
+    fileless: FileScanConfig,
+    /// The file source: the scan's columns and the row numbers.
+    source: Arc<dyn FileSource>,
+    /// The same without the key column (under [`KeyColumn::WhereNoSlots`]), run when the
+    /// file's slot map is fresh.
+    keyless: Option<Arc<dyn FileSource>>,
+}
+
+impl fmt::Debug for FileReader {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("FileReader")
+            .field("keyless", &self.keyless.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileReader {
+    /// The single-file scan of `file`, without the key column when `without_key` (and this
+    /// reader has a keyless source).
+    fn exec(&self, file: &PartitionedFile, without_key: bool) -> Arc<dyn ExecutionPlan> {
+        let source = match (&self.keyless, without_key) {
+            (Some(keyless), true) => keyless,
+            _ => &self.source,
+        };
+        Self::scan(&self.fileless, source, vec![FileGroup::new(vec![file.clone()])])
+    }
+
+    /// A scan of `groups` with `config`'s options through `source`.
+    fn scan(config: &FileScanConfig, source: &Arc<dyn FileSource>, groups: Vec<FileGroup>) -> Arc<dyn ExecutionPlan> {
+        DataSourceExec::from_data_source(
+            FileScanConfigBuilder::from(config.clone())
+                .with_source(Arc::clone(source))
+                .with_file_groups(groups)
+                .build(),
+        )
+    }
+
+    /// Whether a scan through `source` gives `columns` columns and then the row numbers (checked
+    /// once, on a scan without files: the output schema does not depend on the file).
+    fn gives(config: &FileScanConfig, source: &Arc<dyn FileSource>, columns: usize) -> bool {
+        let got = Self::scan(config, source, Vec::new()).schema();
+        got.fields().len() == columns + 1 && got.fields().last().map(|f| f.data_type()) == Some(&DataType::Int64)
+    }
 }
 
 /// The metrics of one partition of the scan.
@@ -322,6 +372,8 @@ impl ScanMetrics {
 pub struct SlotScanExec {
     /// The files of each output partition, in the order the original scan reads them.
     partitions: Vec<Vec<FileScan>>,
+    /// How each file is read.
+    reader: Arc<FileReader>,
     /// The relabeled schema of the original scan plus the slot field.
     schema: SchemaRef,
     /// Position of the key column.
@@ -511,35 +563,21 @@ impl SlotScanExec {
         let Some(source) = source_without(None)? else {
             return Ok(None);
         };
-        let keyless_source = match key_column {
+        let keyless = match key_column {
             KeyColumn::WhereNoSlots => source_without(Some(key))?,
             KeyColumn::Read => None,
         };
-        // The scan's configuration without its files: each single-file scan below clones it
-        // and adds its one file. Cloning the whole configuration per file cost planning time in
-        // proportion to files × file groups (every file's statistics copied for every file).
         let mut fileless = config.clone();
         fileless.file_groups = Vec::new();
-        // A single-file scan of `file` through `source`, when it gives the `columns` expected
-        // and the row numbers last.
-        let file_exec = |file: &PartitionedFile, source: &Arc<dyn FileSource>, columns: usize| {
-            let single = FileScanConfigBuilder::from(fileless.clone())
-                .with_source(Arc::clone(source))
-                .with_file_groups(vec![FileGroup::new(vec![file.clone()])])
-                .build();
-            let exec: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(single);
-            let got = exec.schema();
-            (got.fields().len() == columns + 1 && got.fields().last().map(|f| f.data_type()) == Some(&DataType::Int64))
-                .then_some(exec)
-        };
+        if !FileReader::gives(&fileless, &source, out.fields().len()) {
+            return Ok(None);
+        }
+        let keyless = keyless.filter(|k| FileReader::gives(&fileless, k, out.fields().len() - 1));
         let (mut files, mut mapped) = (0, 0);
         let mut partitions = Vec::with_capacity(config.file_groups.len());
         for group in &config.file_groups {
             let mut scans = Vec::with_capacity(group.len());
             for file in group.files() {
-                let Some(exec) = file_exec(file, &source, out.fields().len()) else {
-                    return Ok(None);
-                };
                 // Slot maps are keyed by canonical paths. A location found as it is is the path
                 // a map was made for: no system calls here (the file's stamp is compared with
                 // the map's when the scan opens it, as for every file).
@@ -552,15 +590,10 @@ impl SlotScanExec {
                         (path, slots)
                     }
                 };
-                let without_key = match (&keyless_source, &slots) {
-                    (Some(source), Some(_)) => file_exec(file, source, out.fields().len() - 1),
-                    _ => None,
-                };
                 files += 1;
                 mapped += usize::from(slots.is_some());
                 scans.push(FileScan {
-                    exec,
-                    without_key,
+                    file: file.clone(),
                     path,
                     slots,
                 });
@@ -580,12 +613,18 @@ impl SlotScanExec {
         if partitions.len() != properties.partitioning.partition_count() {
             return Ok(None);
         }
-        let key_column = match partitions.iter().flatten().any(|s| s.without_key.is_some()) {
+        // Without a keyless source or a mapped file, every file is read with its key.
+        let key_column = match keyless.is_some() && mapped > 0 {
             true => key_column,
             false => KeyColumn::Read,
         };
         Ok(Some(Self {
             partitions,
+            reader: Arc::new(FileReader {
+                fileless,
+                source,
+                keyless,
+            }),
             schema,
             key,
             key_column,
@@ -663,10 +702,18 @@ impl ExecutionPlan for SlotScanExec {
         let (key, index) = (self.key, Arc::clone(self.handle.index()));
         let metrics = ScanMetrics::new(&self.metrics, partition);
         let out_schema = Arc::clone(&schema);
+        let reader = Arc::clone(&self.reader);
         let stream = futures::stream::iter(scans)
             .map(move |scan| {
-                let mut slots = FileSlotter::open(scan, Arc::clone(&schema), key, Arc::clone(&index), metrics.clone());
-                let input = match slots.exec().execute(0, Arc::clone(&context)) {
+                let mut slots = FileSlotter::open(
+                    scan,
+                    &reader,
+                    Arc::clone(&schema),
+                    key,
+                    Arc::clone(&index),
+                    metrics.clone(),
+                );
+                let input = match slots.exec.execute(0, Arc::clone(&context)) {
                     Ok(input) => input,
                     Err(e) => return futures::stream::once(async move { Err(e) }).boxed(),
                 };
@@ -705,6 +752,8 @@ impl ExecutionPlan for SlotScanExec {
 /// Appends the slots of one file's batches (see the module docs for when they are NULL).
 struct FileSlotter {
     scan: FileScan,
+    /// The file's scan.
+    exec: Arc<dyn ExecutionPlan>,
     /// The file is scanned without its key column (its slot map was fresh when opened).
     key_unread: bool,
     schema: SchemaRef,
@@ -718,8 +767,17 @@ struct FileSlotter {
 }
 
 impl FileSlotter {
-    /// The slotter of `scan`, its file's stamp compared with its slot map's now.
-    fn open(mut scan: FileScan, schema: SchemaRef, key: usize, index: Arc<ColumnIndex>, metrics: ScanMetrics) -> Self {
+    /// The slotter of `scan`, its file's stamp compared with its slot map's now, and the file's
+    /// scan from `reader`: without the key column when the file's slots are fresh and the
+    /// operator allows it.
+    fn open(
+        mut scan: FileScan,
+        reader: &FileReader,
+        schema: SchemaRef,
+        key: usize,
+        index: Arc<ColumnIndex>,
+        metrics: ScanMetrics,
+    ) -> Self {
         let fresh = match (&scan.path, &scan.slots) {
             (Some(path), Some(map)) => FileStamp::of(path).is_ok_and(|now| now.line == map.stamp.line),
             _ => false,
@@ -727,8 +785,9 @@ impl FileSlotter {
         if !fresh {
             scan.slots = None;
         }
-        let key_unread = fresh && scan.without_key.is_some();
+        let key_unread = fresh && reader.keyless.is_some();
         Self {
+            exec: reader.exec(&scan.file, key_unread),
             scan,
             key_unread,
             schema,
@@ -737,15 +796,6 @@ impl FileSlotter {
             found: Vec::new(),
             placeholder: None,
             metrics,
-        }
-    }
-
-    /// The scan to run: without the key column when the file's slots are fresh and the
-    /// operator allows it.
-    fn exec(&self) -> Arc<dyn ExecutionPlan> {
-        match (&self.scan.without_key, self.key_unread) {
-            (Some(exec), true) => Arc::clone(exec),
-            _ => Arc::clone(&self.scan.exec),
         }
     }
 

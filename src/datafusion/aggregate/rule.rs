@@ -105,6 +105,7 @@ use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup, PartialSkip};
 use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::plan::sanity::rewrite_is_sane;
+use crate::datafusion::plan::verdicts::{self, Question};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, KeyColumn};
@@ -578,7 +579,14 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
             }
             match decide(agg, costing, merge, &estimates)? {
                 Decision::Replaced(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
-                Decision::Declined(_) | Decision::NotCandidate => Ok(Transformed::no(node)),
+                Decision::Declined(declined) => {
+                    // The question the explain rule asks (merged unless distributed).
+                    if merge != costing.distributed {
+                        verdicts::record(Question::Aggregate, &node, None, &declined);
+                    }
+                    Ok(Transformed::no(node))
+                }
+                Decision::NotCandidate => Ok(Transformed::no(node)),
             }
         })
         .data()?;
@@ -768,6 +776,7 @@ fn decide_final(agg: &AggregateExec, costing: &Costing, estimates: &RowEstimator
 
 impl PhysicalOptimizerRule for MphfAggregateRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        verdicts::clear(&[Question::Aggregate]);
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };

@@ -99,6 +99,7 @@ use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
+use crate::datafusion::plan::verdicts::{self, Question};
 use crate::datafusion::plan::{
     broadcasts_build_sides, build_side_broadcasts, join_type_broadcasts, runs_distributed, thresholds_for, Declined,
     Tuning,
@@ -617,15 +618,24 @@ pub(crate) fn swapped(join: &HashJoinExec) -> Result<HashJoinExec> {
         .build()
 }
 
-/// The swapped collect form of `join` when its probe (right) side holds the indexed key, with
-/// the projection that restores `join`'s column order.
-fn try_swapped(join: &HashJoinExec, costing: &Costing) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+/// The swapped collect form of `join` (the plan node `node`) when its probe (right) side holds
+/// the indexed key, with the projection that restores `join`'s column order.
+fn try_swapped(
+    node: &Arc<dyn ExecutionPlan>,
+    join: &HashJoinExec,
+    costing: &Costing,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     if indexed_key(join).is_some() || !swappable(join, costing) || !probe_key_indexed(join) {
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let Forms::Some(Some(collect), _) = candidates(&swapped(join)?, join, costing, false, None)? else {
-        return Ok(None);
+    let collect = match candidates(&swapped(join)?, join, costing, false, None)? {
+        Forms::Some(Some(collect), _) => collect,
+        Forms::Declined(declined) => {
+            verdicts::record(Question::SwappedJoin, node, None, &declined);
+            return Ok(None);
+        }
+        _ => return Ok(None),
     };
     let exec: Arc<dyn ExecutionPlan> = Arc::new(collect);
     let keeps_order = is_semi_or_anti(join) || join.projection.is_some();
@@ -675,7 +685,11 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
             }
             // A join under an aggregate it would run fused with is priced with that aggregate.
             if let Some(join) = agg.input().downcast_ref::<HashJoinExec>() {
-                if let Some(input) = chosen_form(candidates(join, join, costing, false, Some(agg))?, collect) {
+                let forms = candidates(join, join, costing, false, Some(agg))?;
+                if let Forms::Declined(declined) = &forms {
+                    verdicts::record(Question::Join, agg.input(), Some(&node), declined);
+                }
+                if let Some(input) = chosen_form(forms, collect) {
                     return Ok(Transformed::yes(with_child(&node, input)?));
                 }
             }
@@ -685,16 +699,18 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
             return Ok(Transformed::no(node));
         };
         if collect {
-            if let Some(exec) = try_swapped(join, costing)? {
+            if let Some(exec) = try_swapped(&node, join, costing)? {
                 return Ok(Transformed::yes(exec));
             }
         }
-        Ok(
-            match chosen_form(candidates(join, join, costing, false, None)?, collect) {
-                Some(exec) => Transformed::yes(exec),
-                None => Transformed::no(node),
-            },
-        )
+        let forms = candidates(join, join, costing, false, None)?;
+        if let Forms::Declined(declined) = &forms {
+            verdicts::record(Question::Join, &node, None, declined);
+        }
+        Ok(match chosen_form(forms, collect) {
+            Some(exec) => Transformed::yes(exec),
+            None => Transformed::no(node),
+        })
     })
     .data()
 }
@@ -829,6 +845,7 @@ fn groups_by_clustered_probe_key(agg: &AggregateExec, join: &HashJoinExec, costi
 
 impl PhysicalOptimizerRule for MphfJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        verdicts::clear(&[Question::Join, Question::SwappedJoin]);
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };

@@ -10,6 +10,7 @@
 pub mod cost;
 pub mod sanity;
 pub mod tuning;
+pub mod verdicts;
 
 use ::datafusion::common::config::ConfigOptions;
 use ::datafusion::common::JoinType;
