@@ -160,8 +160,11 @@ pub struct BuildSide {
     members: Vec<u64>,
     /// `members` carried back into the slots of the probe key's own index (those whose key
     /// translates into an occupied slot), made by the first probe stream that reads its own
-    /// slots; every stream of one join probes with the same translation.
-    probe_members: OnceLock<Vec<u64>>,
+    /// slots; every stream of one join probes with the same translation. Or why its memory
+    /// could not be reserved (every stream then fails with it).
+    probe_members: OnceLock<std::result::Result<Vec<u64>, String>>,
+    /// The memory of `probe_members` (the same consumer as the build's).
+    probe_members_reservation: MemoryReservation,
     /// Probe streams that have not finished; the last one emits the build side's final rows.
     probes_left: AtomicUsize,
     /// Where this build's work ran, and where work derived from it (a group join's groups) runs.
@@ -290,6 +293,7 @@ impl BuildSide {
             visited,
             members,
             probe_members: OnceLock::new(),
+            probe_members_reservation: reservation.new_empty(),
             probes_left: AtomicUsize::new(probes.max(1)),
             threads,
             _reservation: reservation,
@@ -335,10 +339,25 @@ impl BuildSide {
         (!self.members.is_empty()).then_some(&self.members[..])
     }
 
-    /// [`BuildSide::members`] in the slots of the probe key's own index, made by `make` the
-    /// first time it is asked for (see the field's docs).
-    pub fn probe_members(&self, make: impl FnOnce() -> Vec<u64>) -> &[u64] {
-        self.probe_members.get_or_init(make)
+    /// [`BuildSide::members`] in the slots of the probe key's own index (`slots` of them),
+    /// made by `make` the first time it is asked for (see the field's docs), its memory
+    /// reserved first.
+    ///
+    /// # Errors
+    /// The memory pool refuses the bitmap (a resources-exhausted error, to every stream).
+    pub fn probe_members(&self, slots: usize, make: impl FnOnce() -> Vec<u64>) -> Result<&[u64]> {
+        let made = self.probe_members.get_or_init(|| {
+            let bytes = slots.div_ceil(64) * 8;
+            self.probe_members_reservation.try_grow(bytes).map_err(|e| match e {
+                DataFusionError::ResourcesExhausted(why) => why,
+                other => other.to_string(),
+            })?;
+            Ok(make())
+        });
+        match made {
+            Ok(bits) => Ok(bits),
+            Err(why) => Err(DataFusionError::ResourcesExhausted(why.clone())),
+        }
     }
 
     /// Number of build rows.

@@ -278,7 +278,7 @@ impl Prober {
     /// found by its key, which only a probe row without a translated slot looks for).
     ///
     /// # Errors
-    /// Evaluating the lookup column.
+    /// Evaluating the lookup column; the memory pool refusing the carried bitmap.
     fn own_slots_and_members(
         &self,
         batch: &RecordBatch,
@@ -298,7 +298,8 @@ impl Prober {
             return Ok(None);
         };
         self.metrics.probe_translated.add(n);
-        Ok(Some((own, self.build.probe_members(|| table.preimage_bits(members)))))
+        let own_members = self.build.probe_members(table.len(), || table.preimage_bits(members))?;
+        Ok(Some((own, own_members)))
     }
 
     /// The slots in the build index of the `n` rows of `batch`: their own index's slots
