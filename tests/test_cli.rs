@@ -696,38 +696,29 @@ fn tpch_benches_time_the_suite_and_check_its_rows() {
         "{out}"
     );
 
-    let out = ok(&[
-        "bench",
-        "planning",
-        "--scale",
-        "0.01",
-        "--partitions",
-        "2",
-        "--runs",
-        "1",
-    ]);
-    assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
-    assert!(
-        out.contains("over 22 queries (SF 0.01, in memory, 2 partitions, median of 1 plans each)"),
-        "{out}"
-    );
-    // Over Parquet the indexes have slot maps, and the rules consider slot scans.
-    let out = ok(&[
-        "bench",
-        "planning",
-        "--parquet",
-        "--scale",
-        "0.01",
-        "--partitions",
-        "2",
-        "--runs",
-        "1",
-    ]);
-    assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
-    assert!(
-        out.contains("over 22 queries (SF 0.01, Parquet, 2 partitions, median of 1 plans each)"),
-        "{out}"
-    );
+    // In memory, and over Parquet, where the indexes have slot maps and the rules consider
+    // slot scans.
+    for (form, flags) in [("in memory", &[][..]), ("Parquet", &["--parquet"][..])] {
+        let mut args = vec![
+            "bench",
+            "planning",
+            "--scale",
+            "0.01",
+            "--partitions",
+            "2",
+            "--runs",
+            "1",
+        ];
+        args.extend(flags);
+        let out = ok(&args);
+        assert_eq!(out.lines().filter(|l| l.starts_with('Q')).count(), 22, "{out}");
+        assert!(
+            out.contains(&format!(
+                "over 22 queries (SF 0.01, {form}, 2 partitions, median of 1 plans each)"
+            )),
+            "{out}"
+        );
+    }
 
     let err = fails(&["bench", "tpch", "--scale", "0.01", "--only", "23"]);
     assert!(err.contains("--only takes query numbers 1 to 22, got 23"), "{err}");

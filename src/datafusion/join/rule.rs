@@ -492,8 +492,19 @@ pub(crate) fn candidates(
         let estimate = estimate_of(&join, vanilla, &handle, key, costing, above);
         (join, estimate)
     };
-    let one = slotted(join.builder().build()?)?;
-    let one_translates = translates_probe(&one, key);
+    // The one-for-one form, built only where the partition count leaves it a candidate; else
+    // only whether its probe side would translate its own slots (for the reasons below).
+    let (one, one_translates) = if tables_pay {
+        let one = slotted(join.builder().build()?)?;
+        let translates = translates_probe(&one, key);
+        (Some(one), translates)
+    } else {
+        let translates = match with_probe_scan_slots(join, key)? {
+            Some(j) if !ships(j.right()) => translates_probe(&j, key),
+            _ => translates_probe(join, key),
+        };
+        (None, translates)
+    };
     let mut reasons = Vec::new();
     if !tables_pay {
         reasons.push(format!(
@@ -510,7 +521,7 @@ pub(crate) fn candidates(
     if !per_row_lookup_pays && !one_translates {
         reasons.push(unclustered());
     }
-    let one_for_one = (tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(one));
+    let one_for_one = one.filter(|_| per_row_lookup_pays || one_translates).map(priced);
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
     let collect = if *join.partition_mode() != PartitionMode::Partitioned
