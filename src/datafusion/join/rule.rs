@@ -478,11 +478,12 @@ pub(crate) fn candidates(
     // table makes the lookup one array read (see `scan_slots`).
     let dense = handle.index().dense_lookup_bytes() > 0;
     let ships = |side: &Arc<dyn ExecutionPlan>| costing.distributed && dense && slots_cross_exchange(side);
+    // `join` with its probe side's slots from the scan, where they do not ship.
+    let probe_slotted = |join: &HashJoinExec| -> Result<Option<HashJoinExec>> {
+        Ok(with_probe_scan_slots(join, key)?.filter(|j| !ships(j.right())))
+    };
     let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
-        let join = match with_probe_scan_slots(&join, key)? {
-            Some(j) if !ships(j.right()) => j,
-            _ => join,
-        };
+        let join = probe_slotted(&join)?.unwrap_or(join);
         Ok(match with_build_scan_slots(&join, key, &handle)? {
             Some(j) if !ships(j.left()) => j,
             _ => join,
@@ -499,9 +500,9 @@ pub(crate) fn candidates(
         let translates = translates_probe(&one, key);
         (Some(one), translates)
     } else {
-        let translates = match with_probe_scan_slots(join, key)? {
-            Some(j) if !ships(j.right()) => translates_probe(&j, key),
-            _ => translates_probe(join, key),
+        let translates = match probe_slotted(join)? {
+            Some(j) => translates_probe(&j, key),
+            None => translates_probe(join, key),
         };
         (None, translates)
     };
