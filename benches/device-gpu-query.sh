@@ -5,6 +5,9 @@
 # `cargo build --release --no-default-features --features cuda --example gpu_query_bench`,
 # stripped and xz-compressed). Each part has its own timeout so that one slow part cannot
 # take the others' results with it.
+# PARTS=staging: `--slotmap-files` (slot maps of 64 files at once on the GPU, 40 rounds) in
+# STAGING_PROCS processes (default 4), each under a 60 s timeout (rc=124: it hung); with
+# gpu_query_bench_base.xz in BIN_DIR too, that build alternates with it (named base_*).
 set -u
 DIR=${1:?binary dir}
 OUT=${2:?output dir}
@@ -21,8 +24,20 @@ run() { # name timeout args...
   local name=$1 t=$2; shift 2
   local s=$(date +%s)
   echo "== $name" >> "$OUT/err.txt"
-  timeout "$t" "$B" "$@" > "$OUT/$name.md" 2>> "$OUT/err.txt"
+  timeout "$t" "${BIN:-$B}" "$@" > "$OUT/$name.md" 2>> "$OUT/err.txt"
   echo "$name: rc=$? $(( $(date +%s) - s )) s" | tee -a "$OUT/summary.txt"
+}
+staging() { # alternating processes of the base build (when carried) and this one
+  local base="" i
+  if [ -f "$DIR/gpu_query_bench_base.xz" ]; then
+    xz -dkf "$DIR/gpu_query_bench_base.xz" && chmod +x "$DIR/gpu_query_bench_base" && base="$DIR/gpu_query_bench_base"
+  fi
+  for i in $(seq 1 "${STAGING_PROCS:-4}"); do
+    [ -n "$base" ] && BIN=$base run "base_staging_$i" 60 --slotmap-files 64,200000,40
+    run "staging_$i" 60 --slotmap-files 64,200000,40
+  done
+  for i in "$OUT"/*staging_*.md; do echo "== $(basename "$i")"; cat "$i"; done > "$OUT/staging.txt"
+  rm -f "$OUT"/*staging_*.md
 }
 PARTS=${PARTS:-check lookup groupby check_big}
 for p in $PARTS; do
@@ -32,6 +47,7 @@ for p in $PARTS; do
     lookup) run lookup 150 --lookup --max-rows 5e7 ;;
     groupby) run groupby 150 --groupby --zipf ;;
     check_big) run check_big 100 --check --no-lookup-check --gb-rows 1e8 ;;
+    staging) staging ;;
   esac
 done
 cat "$OUT/gpu.txt" "$OUT/summary.txt"

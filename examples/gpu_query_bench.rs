@@ -3,7 +3,7 @@
 //! ```text
 //! cargo build --release --no-default-features --features cuda --example gpu_query_bench
 //! gpu_query_bench [--check] [--lookup] [--groupby] [--zipf] [--max-rows N] [--reps R]
-//!                 [--slotmap ROWS,ROWS]
+//!                 [--slotmap ROWS,ROWS] [--slotmap-files FILES,ROWS,ROUNDS]
 //! ```
 //!
 //! - `--check`: GPU vs CPU answers. Lookups: indexes of 0..10^6 keys under three parameter
@@ -22,6 +22,11 @@
 //!   on the device; end to end from a host Arrow array to a host `Vec<u32>`
 //!   (`GpuIndex::slot_map`); the floor of any end-to-end path, the pinned host → device copy of
 //!   the keys (and the device → host copy of the slots); every row compared with the CPU.
+//!   Not part of the default run.
+//! - `--slotmap-files 64,200000,50`: the slot maps of FILES Parquet files of ROWS rows each,
+//!   made on the GPU ROUNDS times with the files in parallel (as `CREATE INDEX` makes them),
+//!   every file compared with the CPU; prints the median and largest round. A round that never
+//!   ends is the staging deadlock this mode was written to catch (run it under `timeout`).
 //!   Not part of the default run.
 //!
 //! No flag runs everything. Tables are printed in markdown. `--ptx` only compiles the query-side
@@ -54,6 +59,8 @@ struct Opts {
     gb_rows: Vec<usize>,
     lookup_check: bool,
     slotmap_rows: Vec<usize>,
+    /// `--slotmap-files`: files, rows per file, rounds.
+    slotmap_files: Option<(usize, usize, usize)>,
 }
 
 fn parse() -> Opts {
@@ -68,6 +75,7 @@ fn parse() -> Opts {
         gb_rows: vec![1, 1000, 1_000_000, 10_000_000],
         lookup_check: true,
         slotmap_rows: Vec::new(),
+        slotmap_files: None,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -100,6 +108,15 @@ fn parse() -> Opts {
                     .collect();
                 i += 1;
             }
+            "--slotmap-files" => {
+                let v: Vec<usize> = args[i + 1]
+                    .split(',')
+                    .map(|s| s.parse::<f64>().unwrap() as usize)
+                    .collect();
+                assert_eq!(v.len(), 3, "--slotmap-files FILES,ROWS,ROUNDS");
+                o.slotmap_files = Some((v[0], v[1], v[2]));
+                i += 1;
+            }
             "--lookup-ns" => {
                 o.lookup_ns = args[i + 1]
                     .split(',')
@@ -111,7 +128,7 @@ fn parse() -> Opts {
         }
         i += 1;
     }
-    if !(o.check || o.lookup || o.groupby || o.zipf || !o.slotmap_rows.is_empty()) {
+    if !(o.check || o.lookup || o.groupby || o.zipf || !o.slotmap_rows.is_empty() || o.slotmap_files.is_some()) {
         (o.check, o.lookup, o.groupby, o.zipf) = (true, true, true, true);
     }
     o
@@ -487,6 +504,33 @@ fn slotmap_bench(o: &Opts, ctx: &Arc<GpuContext>) -> usize {
     failures
 }
 
+/// `--slotmap-files`: slot maps of many files made at once on the GPU (see the module docs);
+/// returns 1 when a round failed or differed from the CPU.
+fn slotmap_files_check(files: usize, rows: usize, rounds: usize) -> usize {
+    let dir = std::env::temp_dir().join(format!("gpu-slotmap-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = (rows / 2).max(1);
+    let idx = build_index(Arc::new(Int64Array::from(member_keys(keys))), Params::DEFAULT);
+    let stamps = key_files(&dir, files, rows, keys);
+    eprintln!("slot map files: {files} files of {rows} rows written, {rounds} rounds");
+    let outcome = parallel_slot_maps(&idx, &stamps, rounds);
+    std::fs::remove_dir_all(&dir).ok();
+    match outcome {
+        Ok(ms) => {
+            let largest = ms.iter().copied().fold(0.0, f64::max);
+            println!(
+                "\n## Slot maps of {files} files of {rows} rows at once\n\n{rounds} rounds, every file equal to the CPU: median {:.1} ms, largest {largest:.1} ms",
+                median(ms)
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("slot map files: {e}");
+            1
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // TPC-H-like GROUP BY
 // ---------------------------------------------------------------------------------------------
@@ -742,6 +786,9 @@ fn main() {
     }
     if !o.slotmap_rows.is_empty() {
         failures += slotmap_bench(&o, &ctx);
+    }
+    if let Some((files, rows, rounds)) = o.slotmap_files {
+        failures += slotmap_files_check(files, rows, rounds);
     }
     println!("\ntotal {:.0} s, {failures} check failures", secs(t));
     if failures > 0 {

@@ -228,3 +228,20 @@ fn decimal_columns_are_exact_or_refused() {
         "decimal values too large for exact 64-bit sums on the GPU"
     );
 }
+
+/// The slot maps of many files made at once on the GPU finish and equal the CPU's. Each file
+/// is a rayon job whose uploads and downloads fill the staging buffers on all cores; a worker
+/// waiting for such a fill runs other files' jobs meanwhile, which once deadlocked on the
+/// staging mutex its own thread held (the files are large enough that every fill splits).
+#[test]
+fn slot_maps_of_many_files_at_once_finish_and_equal_the_cpus() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let keys = 100_000;
+    let idx = build_index(Arc::new(Int64Array::from(member_keys(keys))), Params::DEFAULT);
+    let stamps = key_files(dir.path(), 32, 150_000, keys);
+    let rounds = parallel_slot_maps(&idx, &stamps, 4).unwrap();
+    assert_eq!(rounds.len(), 4);
+}

@@ -170,6 +170,10 @@ pub enum GpuError {
     /// column types, an aggregate without a GPU form); the reason is for the notice or the plan.
     #[error("{0}")]
     Unsupported(String),
+    /// Host memory for a copy or a result could not be allocated: the allocator's refusal,
+    /// reported instead of aborting the process.
+    #[error("{0}")]
+    HostMemory(String),
     /// Arrays passed together disagree in length (slots, value columns, an output buffer):
     /// a caller's bug, reported instead of reading past an array on the device.
     #[error("{0}")]

@@ -750,7 +750,7 @@ impl GpuIndex {
         guarded("the GPU slot map", || {
             let rows: usize = parts.iter().map(|p| p.len()).sum();
             let mut out = crate::error::try_with_capacity(rows, || format!("the slots of {rows} rows"))
-                .map_err(|e| GpuError::Unsupported(e.to_string()))?;
+                .map_err(|e| GpuError::HostMemory(e.to_string()))?;
             // Filled on all cores: a serial fill of the 4 B/row map (and its first-touch page
             // faults) would take longer than the copies and lookups of all chunks together.
             out.par_extend(rayon::iter::repeat_n(ABSENT32, rows));

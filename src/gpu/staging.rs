@@ -9,8 +9,15 @@
 //! Invariants: a staging buffer is used under its mutex only, and every copy through it is
 //! complete (stream synchronized) before the mutex is released, so the next user never
 //! overwrites memory a copy still reads, nor reads memory a copy still writes.
+//!
+//! No caller ever waits for a staging mutex: one that finds it taken copies through ordinary
+//! memory instead ([`free_buffer`]). Why: the fills and reads under the mutex run rayon loops,
+//! and callers run on rayon workers (the slot maps of a table's files are made in parallel). A
+//! worker waiting for its own loop runs other queued jobs meanwhile, on the same thread; one
+//! of them may be another file's upload, which would wait for a mutex its own thread holds,
+//! forever (a `CREATE INDEX` on the GPU host hung so, once in 49 processes).
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use arrow::array::{Array, BooleanBufferBuilder};
 use cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED;
@@ -43,6 +50,27 @@ fn ensure(ctx: &GpuContext, slot: &mut Option<PinnedHostSlice<u64>>, words: usiz
     )))?;
     *slot = Some(buffer);
     Ok(())
+}
+
+/// The staging buffer behind `lock` when no one holds it, `None` when it is taken (the caller
+/// copies through ordinary memory; see the module docs for why it never waits).
+fn free_buffer(
+    lock: &Mutex<Option<PinnedHostSlice<u64>>>,
+) -> Result<Option<MutexGuard<'_, Option<PinnedHostSlice<u64>>>>, GpuError> {
+    match lock.try_lock() {
+        Ok(guard) => Ok(Some(guard)),
+        Err(TryLockError::WouldBlock) => Ok(None),
+        Err(TryLockError::Poisoned(_)) => Err(GpuError::Poisoned { what: "staging buffer" }),
+    }
+}
+
+/// `words` zeroed u64 in ordinary memory (the copy path of a taken staging buffer); an
+/// allocation failure is an error, not an abort.
+fn host_words(words: usize) -> Result<Vec<u64>, GpuError> {
+    let mut host = crate::error::try_with_capacity(words, || format!("{words} words of host staging"))
+        .map_err(|e| GpuError::HostMemory(e.to_string()))?;
+    host.resize(words, 0);
+    Ok(host)
 }
 
 /// The error of a staging slot left empty after [`ensure`] filled it (cannot happen).
@@ -89,21 +117,31 @@ impl GpuContext {
         Ok(Some((device, 0)))
     }
 
-    /// A new device buffer of `words` u64 written by `fill` through the pinned upload buffer
-    /// (`fill` gets exactly `words` words and must write all of them; it may use all cores).
+    /// A new device buffer of `words` u64 written by `fill` through the pinned upload buffer, or
+    /// through ordinary memory while another caller holds it (`fill` gets exactly `words` words
+    /// and must write all of them; it may use all cores).
     ///
     /// # Errors
-    /// Pinned or device allocation, copy or synchronization failures.
+    /// Pinned, host or device allocation, copy or synchronization failures.
     pub(crate) fn upload_staged(
         &self,
         words: usize,
         fill: impl FnOnce(&mut [u64]) -> Result<(), GpuError>,
     ) -> Result<CudaSlice<u64>, GpuError> {
-        let mut guard = self
-            .staging
-            .upload
-            .lock()
-            .map_err(|_| GpuError::Poisoned { what: "staging buffer" })?;
+        let Some(mut guard) = free_buffer(&self.staging.upload)? else {
+            // At least one word, as below: a device buffer is never empty.
+            let mut host = host_words(words.max(1))?;
+            fill(&mut host[..words])?;
+            let device = self
+                .stream
+                .clone_htod(&host)
+                .map_err(GpuError::alloc::<u64>("uploading", host.len()))?;
+            // `host` is dropped below: the copy must have read it.
+            self.stream
+                .synchronize()
+                .map_err(GpuError::driver("synchronizing the upload"))?;
+            return Ok(device);
+        };
         ensure(self, &mut guard, words, CU_MEMHOSTALLOC_WRITECOMBINED)?;
         let buffer = guard.as_mut().ok_or_else(no_buffer)?;
         let host = &mut buffer
@@ -163,15 +201,20 @@ impl GpuContext {
         })
     }
 
-    /// Copies `device` into the pinned download buffer (under its mutex, synchronized) and
-    /// hands the copied words to `read`.
+    /// Copies `device` into the pinned download buffer (under its mutex, synchronized), or into
+    /// ordinary memory while another caller holds it, and hands the copied words to `read`.
     fn download_words<R>(&self, device: &CudaView<'_, u64>, read: impl FnOnce(&[u64]) -> R) -> Result<R, GpuError> {
         let words = device.len();
-        let mut guard = self
-            .staging
-            .download
-            .lock()
-            .map_err(|_| GpuError::Poisoned { what: "staging buffer" })?;
+        let Some(mut guard) = free_buffer(&self.staging.download)? else {
+            let mut host = host_words(words)?;
+            self.stream
+                .memcpy_dtoh(device, &mut host)
+                .map_err(GpuError::driver("copying from the device"))?;
+            self.stream
+                .synchronize()
+                .map_err(GpuError::driver("synchronizing the download"))?;
+            return Ok(read(&host));
+        };
         ensure(self, &mut guard, words, 0)?;
         let buffer = guard.as_mut().ok_or_else(no_buffer)?;
         let host = &mut buffer

@@ -1,9 +1,11 @@
 //! Seeded synthetic data for the GPU query tests and `examples/gpu_query_bench.rs`: distinct
 //! integer keys, probes (uniform with non-members, clustered runs, Zipf), slots and value
-//! columns with NULLs, and the GPU-vs-CPU comparisons.
+//! columns with NULLs, Parquet key files, and the GPU-vs-CPU comparisons.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, Float64Array, Int64Array, StringArray};
 use arrow::buffer::NullBuffer;
@@ -11,6 +13,8 @@ use datafusion_mphf::core::column::{ColumnIndex, IndexOptions};
 use datafusion_mphf::core::hash::mix64;
 use datafusion_mphf::core::Params;
 use datafusion_mphf::gpu::groupby::{GroupByResult, Values};
+use datafusion_mphf::gpu::GpuIndex;
+use datafusion_mphf::index::{FileStamp, SlotMaps};
 use rayon::prelude::*;
 
 /// Rows generated per parallel task (each task seeds its own generator from its index).
@@ -279,4 +283,45 @@ pub fn cpu_lookup(idx: &ColumnIndex, probe: &dyn Array) -> Vec<u64> {
         o.copy_from_slice(&v);
     });
     out
+}
+
+/// Writes `files` Parquet files of `rows` rows each into `dir`: one Int64 column `k` drawn
+/// uniformly from the first `keys` member keys, about 1 % NULLs. Returns their stamps.
+pub fn key_files(dir: &Path, files: usize, rows: usize, keys: usize) -> Vec<FileStamp> {
+    (0..files)
+        .map(|f| {
+            let column = int_probe(&draw(rows, keys, Dist::Uniform, 100 + f as u64, false), 0.01, f as u64);
+            let batch = arrow::record_batch::RecordBatch::try_from_iter([("k", column)]).expect("batch");
+            let path = dir.join(format!("part-{f:03}.parquet"));
+            let file = std::fs::File::create(&path).expect("create a key file");
+            let mut writer = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).expect("writer");
+            writer.write(&batch).expect("write");
+            writer.close().expect("close");
+            FileStamp::of(&path).expect("stamp")
+        })
+        .collect()
+}
+
+/// Makes the slot maps of column `k` of `stamps` on the GPU `rounds` times, the files in
+/// parallel as `CREATE INDEX` does (`SlotMaps::build_with`: one rayon job per file, each
+/// upload and download filled on all cores), and compares every file's slots with the CPU's.
+/// Returns the milliseconds of each round, or the first difference or failure.
+pub fn parallel_slot_maps(idx: &ColumnIndex, stamps: &[FileStamp], rounds: usize) -> Result<Vec<f64>, String> {
+    let cpu = SlotMaps::build(stamps, "k", idx).map_err(|e| format!("CPU slot maps: {e}"))?;
+    let gpu = GpuIndex::new(idx).map_err(|e| format!("GPU index: {e}"))?;
+    (0..rounds)
+        .map(|round| {
+            let t = Instant::now();
+            let maps = SlotMaps::build_with(stamps, "k", idx, &gpu).map_err(|e| format!("round {round}: {e}"))?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            for stamp in stamps {
+                let (g, c) = (maps.file(&stamp.path), cpu.file(&stamp.path));
+                match (g, c) {
+                    (Some(g), Some(c)) if g.slots == c.slots => {}
+                    _ => return Err(format!("round {round}: {} differs from the CPU", stamp.path.display())),
+                }
+            }
+            Ok(ms)
+        })
+        .collect()
 }
