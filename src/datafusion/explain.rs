@@ -35,6 +35,7 @@ use ::datafusion::physical_plan::{
 use super::aggregate::{self, Decision, RowEstimator};
 use super::config::MphfConfig;
 use super::join::rule::{self as join_rule, Forms};
+use super::plan::scans;
 use super::plan::verdicts::{self, Question};
 use super::plan::{thresholds_for, Declined};
 
@@ -231,6 +232,7 @@ fn join_reason(
 
 impl PhysicalOptimizerRule for MphfExplainRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
+        let _scans = scans::pass();
         let annotated = annotate(plan, config);
         // The pass ends here: no record is kept for the next one.
         verdicts::clear(&verdicts::ALL);

@@ -76,6 +76,7 @@ use ::datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::plan::scans;
 use super::registry::{index_id_of_field, IndexHandle, SCAN_SLOTS_METADATA_KEY};
 use super::table::MphfRelabelExec;
 use crate::core::column::{ColumnIndex, ABSENT};
@@ -135,11 +136,15 @@ pub fn attach_scan_slots(
         if field.as_deref().and_then(index_id_of_field) != Some(handle.id()) {
             return Ok(None);
         }
-        let Some(scan) = SlotScanExec::try_new(relabel, key, handle, key_column)? else {
+        let reads_key = key_column == KeyColumn::Read;
+        let scan = scans::scan_for(input, key, handle.id(), reads_key, || {
+            Ok(SlotScanExec::try_new(relabel, key, handle, key_column)?.map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>))
+        })?;
+        let Some(scan) = scan else {
             return Ok(None);
         };
         let pos = scan.schema().fields().len() - 1;
-        return Ok(Some((Arc::new(scan), pos)));
+        return Ok(Some((scan, pos)));
     }
     if let Some(p) = input.downcast_ref::<ProjectionExec>() {
         let Some(col) = p.expr().get(key).and_then(|e| e.expr.downcast_ref::<Column>()) else {

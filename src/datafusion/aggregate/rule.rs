@@ -105,6 +105,7 @@ use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup, PartialSkip};
 use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::plan::sanity::rewrite_is_sane;
+use crate::datafusion::plan::scans;
 use crate::datafusion::plan::verdicts::{self, Question};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
@@ -777,6 +778,7 @@ fn decide_final(agg: &AggregateExec, costing: &Costing, estimates: &RowEstimator
 impl PhysicalOptimizerRule for MphfAggregateRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         verdicts::clear(&[Question::Aggregate]);
+        let _scans = scans::pass();
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };

@@ -99,6 +99,7 @@ use crate::datafusion::aggregate::RowEstimator;
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
+use crate::datafusion::plan::scans;
 use crate::datafusion::plan::verdicts::{self, Question};
 use crate::datafusion::plan::{
     broadcasts_build_sides, build_side_broadcasts, join_type_broadcasts, runs_distributed, thresholds_for, Declined,
@@ -365,9 +366,12 @@ fn builds_once(join: &HashJoinExec) -> bool {
 
 /// The estimates of `join` (key pair `key`, indexed by `handle`) on slots and of `vanilla`, the
 /// hash join DataFusion would run in its place (`join` itself, or the join it was rewritten or
-/// swapped from).
+/// swapped from). `rows_from` is `join` before its sides were given slots or lost their
+/// exchanges, which change no row count: its rows are the ones asked (and already estimated
+/// for the candidate), where `join`'s new nodes would be estimated again from their inputs.
 fn estimate_of(
     join: &HashJoinExec,
+    rows_from: &HashJoinExec,
     vanilla: &HashJoinExec,
     handle: &IndexHandle,
     key: usize,
@@ -376,12 +380,12 @@ fn estimate_of(
 ) -> Estimate {
     let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
-    let build_rows = costing.rows.rows(join.left()).unwrap_or(table_rows);
+    let build_rows = costing.rows.rows(rows_from.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
     let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
-    let probe_rows = costing.rows.rows(join.right()).unwrap_or(build_rows);
+    let probe_rows = costing.rows.rows(rows_from.right()).unwrap_or(build_rows);
     let threads = join.right().output_partitioning().partition_count().max(1);
     // A partitioned build lays out one table per partition, of its share of the rows.
     let rows_per_table = match builds_once(join) {
@@ -411,7 +415,7 @@ fn estimate_of(
         semi: is_semi_or_anti(join),
         membership_bytes: probes_membership(join, !handle.index().stats().had_duplicates())
             .then(|| handle.index().len() as f64 / 8.0),
-        group_join: above.and_then(|agg| group_join_shape(agg, join, &costing.rows)),
+        group_join: above.and_then(|agg| group_join_shape(agg, rows_from, &costing.rows)),
     };
     Estimate {
         mphf_ns: model.slot_join_ns(&shape),
@@ -489,9 +493,10 @@ pub(crate) fn candidates(
             _ => join,
         })
     };
-    let priced = |join: HashJoinExec| -> (HashJoinExec, Estimate) {
-        let estimate = estimate_of(&join, vanilla, &handle, key, costing, above);
-        (join, estimate)
+    // Each form is priced with the row counts of the candidate's own sides (see `estimate_of`).
+    let priced = |form: HashJoinExec| -> (HashJoinExec, Estimate) {
+        let estimate = estimate_of(&form, join, vanilla, &handle, key, costing, above);
+        (form, estimate)
     };
     // The one-for-one form, built only where the partition count leaves it a candidate; else
     // only whether its probe side would translate its own slots (for the reasons below).
@@ -568,7 +573,7 @@ pub(crate) fn candidates(
     let collect = affordable(collect, "collect form");
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, vanilla, &handle, key, costing, above));
+            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, join, vanilla, &handle, key, costing, above));
             reasons.dedup();
             Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
         }
@@ -858,6 +863,7 @@ fn groups_by_clustered_probe_key(agg: &AggregateExec, join: &HashJoinExec, costi
 impl PhysicalOptimizerRule for MphfJoinRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         verdicts::clear(&[Question::Join, Question::SwappedJoin]);
+        let _scans = scans::pass();
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);
         };

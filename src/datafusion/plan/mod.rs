@@ -9,6 +9,7 @@
 
 pub mod cost;
 pub mod sanity;
+pub mod scans;
 pub mod tuning;
 pub mod verdicts;
 
