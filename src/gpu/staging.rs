@@ -15,7 +15,7 @@
 //! and callers run on rayon workers (the slot maps of a table's files are made in parallel). A
 //! worker waiting for its own loop runs other queued jobs meanwhile, on the same thread; one
 //! of them may be another file's upload, which would wait for a mutex its own thread holds,
-//! forever (a `CREATE INDEX` on the GPU host hung so, once in 49 processes).
+//! forever (a `CREATE INDEX` on the GPU host hung so: benches/RESULTS.md, session 44).
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
