@@ -44,6 +44,10 @@ pub struct BenchPlanningArgs {
     /// e.g. `--set mphf.enable_join=false`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
+    /// Plan only these TPC-H query numbers, e.g. `--queries 18,21` (default: Q1–Q22), to
+    /// time or profile a few queries with many runs.
+    #[arg(long, value_delimiter = ',', value_name = "N,…")]
+    pub queries: Vec<usize>,
 }
 
 /// How many MPHF nodes and declined candidates the plan `plan` holds.
@@ -62,6 +66,9 @@ pub(super) fn mphf_nodes(plan: &Arc<dyn ExecutionPlan>) -> (usize, usize) {
 pub async fn run(args: BenchPlanningArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
+    }
+    if let Some(n) = args.queries.iter().find(|n| !(1..=22).contains(*n)) {
+        bail!("--queries: TPC-H has queries 1 to 22, not {n}");
     }
     let (mphf, vanilla, parts, _temp) = if args.parquet {
         let parts = partitions_or_cores(args.partitions);
@@ -86,7 +93,8 @@ pub async fn run(args: BenchPlanningArgs) -> Result<()> {
         );
     }
     let mut added = Vec::new();
-    for (i, query) in queries.iter().enumerate() {
+    let asked = |number: usize| args.queries.is_empty() || args.queries.contains(&number);
+    for (i, query) in queries.iter().enumerate().filter(|(i, _)| asked(i + 1)) {
         let label = format!("Q{}", i + 1);
         // One plan each first: caches (statistics, catalog lookups) warm on both sides.
         vanilla.sql(&query.sql).await?.create_physical_plan().await?;

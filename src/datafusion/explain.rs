@@ -234,8 +234,10 @@ impl PhysicalOptimizerRule for MphfExplainRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let _scans = scans::pass();
         let annotated = annotate(plan, config);
-        // The pass ends here: no record is kept for the next one.
+        // The plan's optimization ends here: no record, slot scan or estimate is kept for the next.
         verdicts::clear(&verdicts::ALL);
+        scans::plan_ends();
+        aggregate::estimates_end();
         annotated
     }
 
@@ -260,10 +262,10 @@ fn annotate(plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<
     let joins = cfg.enable_join.then(|| join_rule::Costing::of(&t, config));
     // Top-down, so that each candidate is asked about with its original subtree (the rules'
     // walks do not know the annotation); `original` keeps every node of that plan alive for
-    // the pass, so the estimator's node addresses stay valid, and `annotated` keeps a
-    // node from being annotated again when the walk reaches it below its annotation.
+    // the pass, so no node address is reused, and `annotated` keeps a node from being
+    // annotated again when the walk reaches it below its annotation.
     let original = Arc::clone(&plan);
-    let estimates = RowEstimator::new();
+    let estimates = aggregate::shared_estimates();
     let mut annotated = HashSet::new();
     // The aggregate that each join feeds directly, by the join's address.
     let mut feeds: HashMap<usize, Arc<dyn ExecutionPlan>> = HashMap::new();

@@ -97,7 +97,7 @@ use ::datafusion::physical_plan::{
     ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
 };
 
-use super::estimate::RowEstimator;
+use super::estimate::{shared, RowEstimator};
 use super::grouping::group_input_schema;
 use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
@@ -512,8 +512,7 @@ impl MphfAggregateRule {
 /// run one per partition); a CPU node (the range form, or partials that lose unmerged) put back
 /// to the aggregate it replaced.
 fn unmerged_redecided(plan: Arc<dyn ExecutionPlan>, costing: &Costing) -> Result<Arc<dyn ExecutionPlan>> {
-    // The caller holds the plan for the whole pass: the estimator's node addresses stay valid.
-    let estimates = RowEstimator::new();
+    let estimates = shared();
     plan.transform_up(|node| {
         let Some(exec) = node.downcast_ref::<MphfAggregateExec>().filter(|e| e.needs_merge()) else {
             return Ok(Transformed::no(node));
@@ -564,8 +563,7 @@ fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, 
 /// Replaces eligible aggregates bottom-up; with `merge`, also fuses `Final ← exchange ←
 /// Partial` into the slot-range merge. Also says whether it made such a merged node.
 fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
-    // The caller holds the plan for the whole pass: the estimator's node addresses stay valid.
-    let estimates = RowEstimator::new();
+    let estimates = shared();
     let mut merged_any = false;
     let plan = plan
         .transform_up(|node| {
@@ -778,6 +776,10 @@ fn decide_final(agg: &AggregateExec, costing: &Costing, estimates: &RowEstimator
 impl PhysicalOptimizerRule for MphfAggregateRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         verdicts::clear(&[Question::Aggregate]);
+        // The first MPHF rule of a plan: the join and explain rules use the scans and row
+        // estimates it makes.
+        scans::plan_starts();
+        super::estimate::plan_starts();
         let _scans = scans::pass();
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);

@@ -95,7 +95,7 @@ use super::group_join::group_join_shape;
 use super::scan_slots::{slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots};
 use super::translate::translates_probe;
 use super::{probes_membership, supports_join_type, MphfGroupJoinExec, MphfJoinExec};
-use crate::datafusion::aggregate::RowEstimator;
+use crate::datafusion::aggregate::{shared_estimates, RowEstimator};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{CostModel, Estimate, JoinShape, KeyKind, Lookup};
 use crate::datafusion::plan::sanity::rewrite_is_sane;
@@ -137,7 +137,7 @@ pub(crate) struct Costing {
     model: CostModel,
     /// `Tuning::compare_costs`: decline a form estimated above DataFusion's hash join.
     compare_costs: bool,
-    /// Row estimates (DataFusion's), memoized for the pass that made this costing.
+    /// Row estimates, memoized for the plan being optimized (see `aggregate::shared_estimates`).
     rows: Rc<RowEstimator>,
     /// The plan is cut into stages for datafusion-distributed workers: a collect form only where
     /// its build side is broadcast.
@@ -159,7 +159,7 @@ impl Costing {
             array_map_density: config.execution.perfect_hash_join_min_key_density,
             model: t.costs.clone(),
             compare_costs: t.compare_costs,
-            rows: Rc::new(RowEstimator::new()),
+            rows: shared_estimates(),
             distributed: runs_distributed(config),
             broadcast: broadcasts_build_sides(config),
         }

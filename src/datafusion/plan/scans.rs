@@ -6,15 +6,22 @@
 //! file's slot map, copies the file's listing, and checks the output of a file scan. Done again
 //! for every form, that was most of what the MPHF rules added to planning TPC-H over Parquet.
 //!
+//! The MPHF rules run one after another on one thread for each plan (aggregate, join, explain),
+//! and each asks for the scans of the same table columns: the explain rule prices the
+//! candidates the other two declined. So the memo can also span one plan's optimization: the
+//! aggregate rule, the first, starts it ([`plan_starts`], which forgets whatever an earlier
+//! plan left) and the explain rule, the last, ends it ([`plan_ends`]).
+//!
 //! Invariants:
-//! - Only inside a pass (a [`Pass`] guard alive on this thread): outside one, nothing is kept
-//!   and every request builds its scan.
+//! - Only inside a pass (a [`Pass`] guard alive on this thread) or a plan's optimization:
+//!   outside both, nothing is kept and every request builds its scan.
 //! - An entry is keyed by the node the scan replaces (held by the entry, so that its address
 //!   stays unique while the entry lives), the key column, the index and whether the operator
 //!   reads the key of rows that have a slot. The same inputs build an equal scan, so handing
 //!   out the first one changes no plan; a node rebuilt by a rule is a new key.
-//! - When the last guard of a pass drops, every entry is dropped: no plan node is kept past the
-//!   rule that made it.
+//! - When the last guard of a pass drops outside a plan's optimization, or the plan's
+//!   optimization ends, every entry is dropped. A plan whose optimization stopped early (a rule
+//!   failed) leaves its entries until the next plan starts; they are never handed to it.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -31,11 +38,18 @@ struct Entry {
     scan: Option<Arc<dyn ExecutionPlan>>,
 }
 
-/// The pass depth on this thread and its scans.
+/// The pass depth on this thread, whether a plan's optimization is running, and the scans.
 #[derive(Default)]
 struct Memo {
     passes: usize,
+    plan: bool,
     entries: Vec<Entry>,
+}
+
+impl Memo {
+    fn active(&self) -> bool {
+        self.passes > 0 || self.plan
+    }
 }
 
 thread_local! {
@@ -57,13 +71,36 @@ impl Drop for Pass {
         // Taken out first: dropping plan nodes must not run under the memo's borrow.
         let dropped = MEMO.with_borrow_mut(|m| {
             m.passes = m.passes.saturating_sub(1);
-            match m.passes {
-                0 => std::mem::take(&mut m.entries),
-                _ => Vec::new(),
+            match m.active() {
+                false => std::mem::take(&mut m.entries),
+                true => Vec::new(),
             }
         });
         drop(dropped);
     }
+}
+
+/// Starts one plan's optimization on this thread (the first MPHF rule): the scans of an
+/// earlier plan are forgotten, and those made from now on are kept until [`plan_ends`].
+pub fn plan_starts() {
+    let dropped = MEMO.with_borrow_mut(|m| {
+        m.plan = true;
+        std::mem::take(&mut m.entries)
+    });
+    drop(dropped);
+}
+
+/// Ends the plan's optimization on this thread (the last MPHF rule): its scans are dropped,
+/// unless a pass still runs, whose guard drops them.
+pub fn plan_ends() {
+    let dropped = MEMO.with_borrow_mut(|m| {
+        m.plan = false;
+        match m.active() {
+            false => std::mem::take(&mut m.entries),
+            true => Vec::new(),
+        }
+    });
+    drop(dropped);
 }
 
 /// The slot scan replacing `node` for its column `key`, index `index` (`reads_key`: the
@@ -81,7 +118,7 @@ pub fn scan_for(
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let same = |e: &Entry| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key;
     let (active, found) =
-        MEMO.with_borrow(|m| (m.passes > 0, m.entries.iter().find(|e| same(e)).map(|e| e.scan.clone())));
+        MEMO.with_borrow(|m| (m.active(), m.entries.iter().find(|e| same(e)).map(|e| e.scan.clone())));
     if let Some(scan) = found {
         return Ok(scan);
     }
@@ -158,5 +195,42 @@ mod tests {
         };
         assert!(!Arc::ptr_eq(&first, &next));
         assert_eq!(built.get(), 8);
+    }
+
+    #[test]
+    fn a_plans_rules_share_its_scans_and_the_next_plan_starts_afresh() {
+        let relabel = node();
+        let built = Cell::new(0);
+        let make = || {
+            built.set(built.get() + 1);
+            Ok(Some(node()))
+        };
+        plan_starts();
+        let first = {
+            let _aggregate = pass();
+            scan_for(&relabel, 0, 7, true, make).unwrap().unwrap()
+        };
+        // The aggregate rule's pass ended, the plan did not: the join rule gets the same scan.
+        {
+            let _join = pass();
+            let again = scan_for(&relabel, 0, 7, true, make).unwrap().unwrap();
+            assert!(Arc::ptr_eq(&first, &again));
+        }
+        assert_eq!(built.get(), 1);
+        {
+            // The explain rule ends the plan inside its pass: the scans go with the pass.
+            let _explain = pass();
+            plan_ends();
+            scan_for(&relabel, 0, 7, true, make).unwrap();
+            assert_eq!(built.get(), 1);
+        }
+        assert_eq!(Arc::strong_count(&first), 1);
+        // A plan that stopped early leaves its scans to the next plan's start, which drops them.
+        plan_starts();
+        let left = scan_for(&relabel, 0, 7, true, make).unwrap().unwrap();
+        assert_eq!(built.get(), 2);
+        plan_starts();
+        assert_eq!(Arc::strong_count(&left), 1);
+        plan_ends();
     }
 }
