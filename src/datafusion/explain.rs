@@ -235,9 +235,7 @@ impl PhysicalOptimizerRule for MphfExplainRule {
         let _scans = scans::pass();
         let annotated = annotate(plan, config);
         // The plan's optimization ends here: no record, slot scan or estimate is kept for the next.
-        verdicts::clear(&verdicts::ALL);
-        scans::plan_ends();
-        aggregate::estimates_end();
+        super::plan::optimization_ends();
         annotated
     }
 

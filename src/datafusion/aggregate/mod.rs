@@ -83,7 +83,7 @@ use ::datafusion::physical_plan::{
 };
 
 pub(crate) use estimate::{memory_slices, RowEstimator};
-pub(crate) use estimate::{plan_ends as estimates_end, shared as shared_estimates};
+pub(crate) use estimate::{plan_ends as estimates_end, plan_starts as estimates_start, shared as shared_estimates};
 pub(crate) use groups::groups_accumulator;
 pub use merged::{MergeForm, MphfMergedAggregateExec};
 pub(crate) use rule::{decide, Decision};

@@ -103,10 +103,10 @@ use super::lineage::depends_on_key;
 use super::{with_new_input, MergeForm, MphfAggregateExec, MphfMergedAggregateExec, Placement};
 use crate::datafusion::config::MphfConfig;
 use crate::datafusion::plan::cost::{AggregateShape, CostModel, Estimate, KeyKind, Lookup, PartialSkip};
-use crate::datafusion::plan::runs_distributed;
 use crate::datafusion::plan::sanity::rewrite_is_sane;
 use crate::datafusion::plan::scans;
 use crate::datafusion::plan::verdicts::{self, Question};
+use crate::datafusion::plan::{optimization_starts, runs_distributed};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, KeyColumn};
@@ -778,8 +778,7 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         verdicts::clear(&[Question::Aggregate]);
         // The first MPHF rule of a plan: the join and explain rules use the scans and row
         // estimates it makes.
-        scans::plan_starts();
-        super::estimate::plan_starts();
+        optimization_starts();
         let _scans = scans::pass();
         let Some(cfg) = config.extensions.get::<MphfConfig>() else {
             return Ok(plan);

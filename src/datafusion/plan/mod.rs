@@ -22,6 +22,23 @@ pub use tuning::Tuning;
 
 use crate::datafusion::config::{CostingMode, MphfConfig};
 
+/// Starts one plan's optimization by the MPHF rules on this thread; the aggregate rule, the
+/// first of them, calls it. What the rules of a plan share is started afresh: the slot scans
+/// ([`scans::plan_starts`]) and the row estimates (`aggregate::estimate`).
+pub(crate) fn optimization_starts() {
+    scans::plan_starts();
+    crate::datafusion::aggregate::estimates_start();
+}
+
+/// Ends the plan's optimization on this thread; the explain rule, the last MPHF rule, calls it.
+/// Nothing decided for the plan is kept for the next: the declines handed to the explain rule
+/// ([`verdicts`]), the slot scans and the row estimates.
+pub(crate) fn optimization_ends() {
+    verdicts::clear(&verdicts::ALL);
+    scans::plan_ends();
+    crate::datafusion::aggregate::estimates_end();
+}
+
 /// The thresholds the rules apply under `cfg.costing`: the session's [`Tuning`] (its defaults
 /// when none was set) for `auto`, the same with every cost threshold off for `always`, and
 /// `None` for `never` (no operator is replaced).
