@@ -641,6 +641,40 @@ async fn range_form_counts_its_slots_once() {
     }
 }
 
+/// A final aggregate whose hash partitioning a partitioned join above needs (the `IN`
+/// subquery's GROUP BY, as in TPC-H Q18) stays per partition, while the plan's other GROUP BY
+/// still runs as the slot-range merge: one merge that would break a node above costs no other
+/// merge of the plan.
+#[tokio::test]
+async fn a_merge_that_breaks_a_join_above_leaves_the_other_merges() {
+    let ctx = setup(4).await;
+    for sql in [
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0",
+        "SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0",
+        "CREATE INDEX t_i ON t USING mphf (i)",
+    ] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    let sql =
+        "SELECT i, count(*), sum(v) FROM t WHERE k IN (SELECT k FROM t GROUP BY k HAVING count(*) > 3) GROUP BY i";
+    assert!(compare(&ctx, sql).await, "{sql}");
+    let (_, plan) = run(&ctx, sql).await;
+    assert!(plan.contains("HashJoinExec: mode=Partitioned"), "{plan}");
+    let lines = |index: &str| -> Vec<&str> {
+        plan.lines()
+            .filter(|l| l.contains("MphfAggregateExec") && l.contains(index))
+            .collect()
+    };
+    assert!(
+        lines("index=t.i").iter().any(|l| l.contains("mode=SlotMerge")),
+        "{plan}"
+    );
+    assert!(
+        !lines("index=t.k").iter().any(|l| l.contains("mode=SlotMerge")),
+        "{plan}"
+    );
+}
+
 /// A partial left per partition (a partitioned join above needs the aggregate's hash
 /// partitioning, which the slot-range merge breaks) over an unclustered key whose rows are
 /// mostly distinct in DataFusion's skip probe is declined: DataFusion's own partial hands its

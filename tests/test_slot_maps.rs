@@ -559,3 +559,59 @@ async fn joins_build_from_stored_slots() {
         );
     }
 }
+
+/// Every node of a plan, depth first.
+fn all_nodes(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan>>) {
+    out.push(Arc::clone(plan));
+    for child in plan.children() {
+        all_nodes(child, out);
+    }
+}
+
+/// The rules price a candidate on whether a slot-map scan would go under its input
+/// (`scan_slots_reach`) and attach the scan (`attach_scan_slots`) only to the one they keep:
+/// both must answer alike for every node and indexed column of a plan, through projections,
+/// filters, repartitions and coalesces, whether the key is read or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pricing_finds_the_slot_scans_that_attaching_builds() {
+    use datafusion_mphf::datafusion::index_of_field;
+    use datafusion_mphf::datafusion::slot_scan::{attach_scan_slots, scan_slots_reach, KeyColumn};
+    let dir = table_dir(1_000_000_007);
+    let ctx = mphf_session(dir.path(), 8192, false).await;
+    for sql in ["SET mphf.enable_aggregate = false", "SET mphf.enable_join = false"] {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    let (mut reached, mut missed) = (0, 0);
+    for sql in [
+        "SELECT id, count(*), sum(v) FROM ev WHERE seq % 5 = 0 GROUP BY id",
+        "SELECT s, max(v) FROM (SELECT s, v + 1 AS v FROM ev) GROUP BY s",
+        "SELECT count(*) FROM (SELECT id, v FROM ev WHERE seq < 900) a JOIN ev b ON a.id = b.id",
+        "SELECT b.s, count(*) FROM (SELECT id FROM ev WHERE v % 3 = 0) a JOIN ev b ON a.id = b.id GROUP BY b.s",
+        "SELECT id + 1 AS k, count(*) FROM ev GROUP BY id + 1",
+    ] {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let mut nodes = Vec::new();
+        all_nodes(&plan, &mut nodes);
+        for node in &nodes {
+            let schema = node.schema();
+            for (col, field) in schema.fields().iter().enumerate() {
+                let Some(handle) = index_of_field(field) else {
+                    continue;
+                };
+                for key_column in [KeyColumn::Read, KeyColumn::WhereNoSlots] {
+                    let priced = scan_slots_reach(node, col, &handle, key_column).unwrap();
+                    let attached = attach_scan_slots(node, col, &handle, key_column).unwrap();
+                    assert_eq!(priced, attached.is_some(), "{sql}: {} column {col}", node.name());
+                    match priced {
+                        true => reached += 1,
+                        false => missed += 1,
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        reached > 10 && missed > 0,
+        "{reached} nodes reach a slot scan, {missed} do not"
+    );
+}

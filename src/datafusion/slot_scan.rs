@@ -131,6 +131,55 @@ pub fn attach_scan_slots(
     handle: &Arc<IndexHandle>,
     key_column: KeyColumn,
 ) -> Result<Option<(Arc<dyn ExecutionPlan>, usize)>> {
+    walk_to_scan(input, key, handle, key_column, Walk::Rebuild)
+}
+
+/// Whether [`attach_scan_slots`] would give `input` its slot column: the same walk down to the
+/// scan and the same slot scan (made once per plan, see `plan::scans`), without rebuilding the
+/// nodes above the scan. The rules price a candidate with this answer and attach the slots
+/// only to the candidate they keep: rebuilding the chain (projections and filters recompute
+/// their properties) for every candidate they decline cost more than the pricing.
+///
+/// # Errors
+/// The slot scan's.
+pub fn scan_slots_reach(
+    input: &Arc<dyn ExecutionPlan>,
+    key: usize,
+    handle: &Arc<IndexHandle>,
+    key_column: KeyColumn,
+) -> Result<bool> {
+    Ok(walk_to_scan(input, key, handle, key_column, Walk::Check)?.is_some())
+}
+
+/// What [`walk_to_scan`] does on its way back up from the scan.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// Rebuilds each node over its child with the slot column.
+    Rebuild,
+    /// Rebuilds nothing: the answer is the slot scan itself, and only whether there is one
+    /// counts.
+    Check,
+}
+
+/// A plan with a slot column, and the column's position.
+type Slotted = (Arc<dyn ExecutionPlan>, usize);
+
+/// [`attach_scan_slots`] for [`Walk::Rebuild`], [`scan_slots_reach`] for [`Walk::Check`].
+fn walk_to_scan(
+    input: &Arc<dyn ExecutionPlan>,
+    key: usize,
+    handle: &Arc<IndexHandle>,
+    key_column: KeyColumn,
+    walk: Walk,
+) -> Result<Option<Slotted>> {
+    // The node above a child that found the scan: rebuilt by `rebuild`, or passed up as found.
+    let above = |found: Option<Slotted>, rebuild: &dyn Fn(Arc<dyn ExecutionPlan>, usize) -> Result<Slotted>| match (
+        found, walk,
+    ) {
+        (None, _) => Ok(None),
+        (Some(found), Walk::Check) => Ok(Some(found)),
+        (Some((child, slot)), Walk::Rebuild) => rebuild(child, slot).map(Some),
+    };
     if let Some(relabel) = input.downcast_ref::<MphfRelabelExec>() {
         let field = relabel.schema().fields().get(key).cloned();
         if field.as_deref().and_then(index_id_of_field) != Some(handle.id()) {
@@ -158,16 +207,16 @@ pub fn attach_scan_slots(
             .filter(|(i, _)| *i != key)
             .map(|(_, e)| &e.expr);
         let key_column = key_column.unless_read_by(col.index(), others);
-        let Some((child, slot)) = attach_scan_slots(p.input(), col.index(), handle, key_column)? else {
-            return Ok(None);
-        };
-        let mut exprs: Vec<ProjectionExpr> = p.expr().to_vec();
-        exprs.push(ProjectionExpr::new(
-            Arc::new(Column::new(SCAN_SLOTS_COLUMN, slot)),
-            SCAN_SLOTS_COLUMN,
-        ));
-        let pos = exprs.len() - 1;
-        return Ok(Some((Arc::new(ProjectionExec::try_new(exprs, child)?), pos)));
+        let found = walk_to_scan(p.input(), col.index(), handle, key_column, walk)?;
+        return above(found, &|child, slot| {
+            let mut exprs: Vec<ProjectionExpr> = p.expr().to_vec();
+            exprs.push(ProjectionExpr::new(
+                Arc::new(Column::new(SCAN_SLOTS_COLUMN, slot)),
+                SCAN_SLOTS_COLUMN,
+            ));
+            let pos = exprs.len() - 1;
+            Ok((Arc::new(ProjectionExec::try_new(exprs, child)?), pos))
+        });
     }
     if let Some(f) = input.downcast_ref::<FilterExec>() {
         let projection: Option<Vec<usize>> = f.projection().as_ref().map(|p| p.iter().copied().collect());
@@ -179,23 +228,23 @@ pub fn attach_scan_slots(
             None => key,
         };
         let key_column = key_column.unless_read_by(inner_key, [f.predicate()]);
-        let Some((child, slot)) = attach_scan_slots(f.input(), inner_key, handle, key_column)? else {
-            return Ok(None);
-        };
-        let (projection, pos) = match projection {
-            Some(mut p) => {
-                p.push(slot);
-                let pos = p.len() - 1;
-                (Some(p), pos)
-            }
-            None => (None, slot),
-        };
-        let rebuilt = FilterExecBuilder::new(Arc::clone(f.predicate()), child)
-            .with_default_selectivity(f.default_selectivity())
-            .with_batch_size(f.batch_size())
-            .apply_projection(projection)?
-            .build()?;
-        return Ok(Some((Arc::new(rebuilt), pos)));
+        let found = walk_to_scan(f.input(), inner_key, handle, key_column, walk)?;
+        return above(found, &|child, slot| {
+            let (projection, pos) = match projection.clone() {
+                Some(mut p) => {
+                    p.push(slot);
+                    let pos = p.len() - 1;
+                    (Some(p), pos)
+                }
+                None => (None, slot),
+            };
+            let rebuilt = FilterExecBuilder::new(Arc::clone(f.predicate()), child)
+                .with_default_selectivity(f.default_selectivity())
+                .with_batch_size(f.batch_size())
+                .apply_projection(projection)?
+                .build()?;
+            Ok((Arc::new(rebuilt), pos))
+        });
     }
     if let Some(r) = input.downcast_ref::<RepartitionExec>() {
         if r.preserve_order() {
@@ -205,32 +254,32 @@ pub fn attach_scan_slots(
             Partitioning::Hash(exprs, _) => key_column.unless_read_by(key, exprs),
             _ => key_column,
         };
-        let Some((child, slot)) = attach_scan_slots(r.input(), key, handle, key_column)? else {
-            return Ok(None);
-        };
-        return Ok(Some((
-            Arc::new(RepartitionExec::try_new(child, r.partitioning().clone())?),
-            slot,
-        )));
+        let found = walk_to_scan(r.input(), key, handle, key_column, walk)?;
+        return above(found, &|child, slot| {
+            Ok((
+                Arc::new(RepartitionExec::try_new(child, r.partitioning().clone())?),
+                slot,
+            ))
+        });
     }
     if let Some(c) = input.downcast_ref::<CoalescePartitionsExec>() {
         if c.fetch().is_some() {
             return Ok(None);
         }
-        let Some((child, slot)) = attach_scan_slots(c.input(), key, handle, key_column)? else {
-            return Ok(None);
-        };
-        return Ok(Some((Arc::new(CoalescePartitionsExec::new(child)), slot)));
+        let found = walk_to_scan(c.input(), key, handle, key_column, walk)?;
+        return above(found, &|child, slot| {
+            Ok((Arc::new(CoalescePartitionsExec::new(child)), slot))
+        });
     }
     if input.downcast_ref::<CooperativeExec>().is_some() {
         let [child] = input.children()[..] else {
             return Ok(None);
         };
-        let Some((child, slot)) = attach_scan_slots(child, key, handle, key_column)? else {
-            return Ok(None);
-        };
-        let options = ReplaceChildrenOptions::new(::datafusion::physical_plan::ChildrenPropertiesMode::Recompute);
-        return Ok(Some((Arc::clone(input).replace_children(vec![child], options)?, slot)));
+        let found = walk_to_scan(child, key, handle, key_column, walk)?;
+        return above(found, &|child, slot| {
+            let options = ReplaceChildrenOptions::new(::datafusion::physical_plan::ChildrenPropertiesMode::Recompute);
+            Ok((Arc::clone(input).replace_children(vec![child], options)?, slot))
+        });
     }
     Ok(None)
 }
@@ -344,9 +393,16 @@ impl FileReader {
     }
 
     /// Whether a scan through `source` gives `columns` columns and then the row numbers (checked
-    /// once, on a scan without files: the output schema does not depend on the file).
+    /// once, on `config` without files: the output schema does not depend on the file). The
+    /// schema is the one the scan's `DataSourceExec` would have, asked of its configuration
+    /// without building the node (whose properties cost more than the rest of the check).
     fn gives(config: &FileScanConfig, source: &Arc<dyn FileSource>, columns: usize) -> bool {
-        let got = Self::scan(config, source, Vec::new()).schema();
+        let config = FileScanConfigBuilder::from(config.clone())
+            .with_source(Arc::clone(source))
+            .build();
+        let Ok(got) = config.projected_schema() else {
+            return false;
+        };
         got.fields().len() == columns + 1 && got.fields().last().map(|f| f.data_type()) == Some(&DataType::Int64)
     }
 }

@@ -22,7 +22,7 @@
 //!   [`SlotMaps::read`] refuses anything else, and a reader that finds a file changed since must
 //!   not use its slots (the scan re-stamps each file when it opens it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,8 +63,11 @@ pub struct SlotMaps {
     identity: u64,
     /// Slot count of that index.
     n_slots: u64,
-    /// By canonical file path.
+    /// By canonical file path, in path order (the file format's order).
     files: BTreeMap<PathBuf, Arc<FileSlots>>,
+    /// The same, hashed: planning asks for every file of a table's scan, and an ordered map's
+    /// lookup compares paths component by component.
+    by_path: HashMap<PathBuf, Arc<FileSlots>>,
 }
 
 fn corrupt(why: impl Into<String>) -> MphfError {
@@ -72,6 +75,16 @@ fn corrupt(why: impl Into<String>) -> MphfError {
 }
 
 impl SlotMaps {
+    fn new(identity: u64, n_slots: u64, files: BTreeMap<PathBuf, Arc<FileSlots>>) -> Self {
+        let by_path = files.iter().map(|(p, f)| (p.clone(), Arc::clone(f))).collect();
+        Self {
+            identity,
+            n_slots,
+            files,
+            by_path,
+        }
+    }
+
     /// What ties slot maps to one index: a hash of its provenance, build time and slot count
     /// (two builds with the same keys, parameters and seed give the same MPHF).
     pub fn identity_of(index: &ColumnIndex) -> u64 {
@@ -119,16 +132,12 @@ impl SlotMaps {
                 ))
             })
             .collect::<Result<BTreeMap<_, _>>>()?;
-        Ok(SlotMaps {
-            identity: Self::identity_of(index),
-            n_slots: index.len(),
-            files,
-        })
+        Ok(Self::new(Self::identity_of(index), index.len(), files))
     }
 
     /// The slots of the file at canonical path `path`.
     pub fn file(&self, path: &Path) -> Option<&Arc<FileSlots>> {
-        self.files.get(path)
+        self.by_path.get(path)
     }
 
     /// The canonical paths of the files, in order.
@@ -263,11 +272,7 @@ impl SlotMaps {
         if r.at != body.len() {
             return Err(corrupt(format!("{} bytes after the last file", body.len() - r.at)));
         }
-        Ok(SlotMaps {
-            identity: Self::identity_of(index),
-            n_slots,
-            files,
-        })
+        Ok(Self::new(Self::identity_of(index), n_slots, files))
     }
 }
 

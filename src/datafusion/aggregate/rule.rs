@@ -48,6 +48,11 @@
 //!   against `CostModel::slot_aggregate_ns`). A partial admitted on that count alone is put
 //!   back when no final aggregate merges it.
 //!
+//! - The slot-range merge replaces `Final ← exchange ← Partial` where no node above needs the
+//!   final aggregate's hash partitioning, which the merged output does not have; such a final
+//!   aggregate and its partials are decided per partition, and the rest of the plan keeps its
+//!   merges.
+//!
 //! - A `Final` / `FinalPartitioned` aggregate over MPHF partials that no slot-range merge takes
 //!   (stages on workers, or a requirement above) is replaced per partition when the model
 //!   prices its merge by slot below DataFusion's final hash aggregation, and its lookups are
@@ -94,7 +99,7 @@ use ::datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use ::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use ::datafusion::physical_plan::repartition::RepartitionExec;
 use ::datafusion::physical_plan::{
-    ChildrenPropertiesMode, ExecutionPlan, ExecutionPlanProperties, ReplaceChildrenOptions,
+    ChildrenPropertiesMode, Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning, ReplaceChildrenOptions,
 };
 
 use super::estimate::{shared, RowEstimator};
@@ -109,7 +114,7 @@ use crate::datafusion::plan::verdicts::{self, Question};
 use crate::datafusion::plan::{optimization_starts, runs_distributed};
 use crate::datafusion::plan::{thresholds_for, Declined, Tuning};
 use crate::datafusion::registry::{index_of_field, slot_index_of_field, IndexHandle};
-use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, KeyColumn};
+use crate::datafusion::slot_scan::{attach_scan_slots, hands_table_arrays, scan_slots_reach, KeyColumn};
 use crate::device::Device;
 
 /// Default of `Tuning::aggregate_min_slots`: indexes with fewer slots are left to DataFusion's
@@ -324,20 +329,27 @@ pub(crate) fn decide(
         });
     };
     // Over a Parquet table with slot maps the scan hands over every row's slot: no lookup.
-    let scan_slots = if key_is_slot {
-        None
-    } else {
-        match agg.group_expr().expr()[key_pos].0.downcast_ref::<Column>() {
-            Some(col) => attach_scan_slots(agg.input(), col.index(), &handle, key_column_use(agg, key_pos, col))?,
-            None => None,
-        }
+    // Priced on whether the slot scan exists; attached only to a node that replaces `agg`.
+    let slotted_key = match key_is_slot {
+        true => None,
+        false => agg.group_expr().expr()[key_pos]
+            .0
+            .downcast_ref::<Column>()
+            .map(|col| (col.index(), key_column_use(agg, key_pos, col))),
+    };
+    let scan_slots = match slotted_key {
+        Some((col, key_column)) => scan_slots_reach(agg.input(), col, &handle, key_column)?,
+        None => false,
     };
     let with_slots = |agg: &AggregateExec| -> Result<Arc<AggregateExec>> {
         let agg = Arc::new(agg.clone());
-        match &scan_slots {
+        let Some((col, key_column)) = slotted_key.filter(|_| scan_slots) else {
+            return Ok(agg);
+        };
+        match attach_scan_slots(agg.input(), col, &handle, key_column)? {
             Some((input, _)) => with_new_input(
                 &agg,
-                vec![Arc::clone(input)],
+                vec![input],
                 ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
             ),
             None => Ok(agg),
@@ -362,7 +374,7 @@ pub(crate) fn decide(
             arrays * slots as f64 <= rows * limit
         })
     };
-    let lookup = lookup_of(&handle, key_is_slot, scan_slots.is_some() || reads_row_slots);
+    let lookup = lookup_of(&handle, key_is_slot, scan_slots || reads_row_slots);
     let model = &costing.model;
     // The GPU makes one call when the partials are merged, else one per input partition.
     let partials = shape_of(
@@ -561,26 +573,39 @@ fn indexed_key(agg: &AggregateExec, require_dependence: bool) -> Option<(usize, 
 }
 
 /// Replaces eligible aggregates bottom-up; with `merge`, also fuses `Final ← exchange ←
-/// Partial` into the slot-range merge. Also says whether it made such a merged node.
+/// Partial` into the slot-range merge, except where a node above needs the final aggregate's
+/// hash partitioning (see [`KeptPartitionings`]). Also says whether it made a merged node.
 fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
     let estimates = shared();
     let mut merged_any = false;
+    let mut kept = match merge {
+        true => KeptPartitionings::of(&plan),
+        false => KeptPartitionings::default(),
+    };
     let plan = plan
         .transform_up(|node| {
             let Some(agg) = node.downcast_ref::<AggregateExec>() else {
                 return Ok(Transformed::no(node));
             };
-            if merge {
+            if merge && !kept.takes_final(agg) {
                 if let Some(exec) = try_as_merged(agg) {
                     merged_any = true;
                     return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
                 }
             }
-            match decide(agg, costing, merge, &estimates)? {
-                Decision::Replaced(exec) => Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>)),
+            // A partial whose final aggregate stays is decided as no merge would take it.
+            let merged = merge && !kept.takes_partial(agg);
+            match decide(agg, costing, merged, &estimates)? {
+                Decision::Replaced(exec) => {
+                    let exec: Arc<dyn ExecutionPlan> = Arc::new(exec);
+                    if merge && !merged {
+                        kept.partials.push(Arc::clone(&exec));
+                    }
+                    Ok(Transformed::yes(exec))
+                }
                 Decision::Declined(declined) => {
                     // The question the explain rule asks (merged unless distributed).
-                    if merge != costing.distributed {
+                    if merged != costing.distributed {
                         verdicts::record(Question::Aggregate, &node, None, &declined);
                     }
                     Ok(Transformed::no(node))
@@ -590,6 +615,70 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, merge: bool, costing: &Costing) -> Resu
         })
         .data()?;
     Ok((plan, merged_any))
+}
+
+/// The final aggregates of a plan that must keep their hash partitioning, so that no slot-range
+/// merge replaces them: their partials are found by their inputs before the rewrite, and by
+/// the nodes that replaced them during it. The nodes are held, so that no other node takes
+/// their addresses while the rewrite runs.
+///
+/// Why: the merged form is not hash partitioned on the key, so a node above that needs the
+/// final aggregate's partitioning (TPC-H Q18's partitioned semi join over its `GROUP BY
+/// l_orderkey` subquery) fails DataFusion's sanity check. Asked of the plan before the rewrite,
+/// this leaves that final aggregate and its partials per partition, decided as a rewrite
+/// without merges decides them, and keeps every other merge. Without it, one failing merge sent
+/// the whole plan through the rule a second time without any merge, deciding every aggregate
+/// again. The sanity check of the rewritten plan stays, and so does that fallback, for what
+/// this does not foresee (an ordering, say).
+#[derive(Default)]
+struct KeptPartitionings {
+    /// Inputs of the partial aggregates below such final aggregates, as in the plan.
+    inputs: Vec<Arc<dyn ExecutionPlan>>,
+    /// The MPHF nodes that replaced those partials.
+    partials: Vec<Arc<dyn ExecutionPlan>>,
+}
+
+impl KeptPartitionings {
+    fn of(plan: &Arc<dyn ExecutionPlan>) -> Self {
+        let mut kept = Self::default();
+        kept.visit(plan, false);
+        kept
+    }
+
+    /// Walks `node`, whose output partitioning a node above needs when `needed`: as required
+    /// (any distribution), or passed on by a node whose own hash partitioning is needed and
+    /// comes from its input (a projection, a filter; not a repartition, which makes its own).
+    fn visit(&mut self, node: &Arc<dyn ExecutionPlan>, needed: bool) {
+        if let Some(partial) = node
+            .downcast_ref::<AggregateExec>()
+            .filter(|_| needed)
+            .and_then(exchanged_partial)
+            .and_then(|p| p.downcast_ref::<AggregateExec>())
+        {
+            self.inputs.push(Arc::clone(partial.input()));
+        }
+        let passes_on = needed
+            && node.downcast_ref::<RepartitionExec>().is_none()
+            && matches!(node.output_partitioning(), Partitioning::Hash(..));
+        let required = node.input_distribution_requirements();
+        for (i, child) in node.children().into_iter().enumerate() {
+            let needs = match required.child_distribution(i) {
+                Some(Distribution::UnspecifiedDistribution) | None => passes_on,
+                Some(_) => true,
+            };
+            self.visit(child, needs);
+        }
+    }
+
+    /// Whether `agg` is a partial aggregate below a final aggregate that keeps its partitioning.
+    fn takes_partial(&self, agg: &AggregateExec) -> bool {
+        *agg.mode() == AggregateMode::Partial && self.inputs.iter().any(|i| Arc::ptr_eq(i, agg.input()))
+    }
+
+    /// Whether `agg` is a final aggregate over such a partial's MPHF node.
+    fn takes_final(&self, agg: &AggregateExec) -> bool {
+        exchanged_partial(agg).is_some_and(|p| self.partials.iter().any(|k| Arc::ptr_eq(k, p)))
+    }
 }
 
 /// True when the partials of a key of `handle` over `input` (priced as `partials`, one slot
@@ -638,6 +727,16 @@ const CLUSTERED_ROWS_PER_RUN: f64 = 2.0;
 /// repartition or coalesce, with the same group and aggregate expressions; `None` for any
 /// other shape (a filter, a limit or an output ordering on `agg`, grouping sets).
 fn partial_below(agg: &AggregateExec) -> Option<&MphfAggregateExec> {
+    let partial = exchanged_partial(agg)?.downcast_ref::<MphfAggregateExec>()?;
+    (partial.mode() == AggregateMode::Partial
+        && partial.aggregate().aggr_expr().len() == agg.aggr_expr().len()
+        && partial.aggregate().group_expr().expr().len() == agg.group_expr().expr().len())
+    .then_some(partial)
+}
+
+/// The node under the exchange below the final aggregate `agg`, where `agg` has a shape the
+/// slot-range merge takes (see [`partial_below`]).
+fn exchanged_partial(agg: &AggregateExec) -> Option<&Arc<dyn ExecutionPlan>> {
     if !matches!(agg.mode(), AggregateMode::Final | AggregateMode::FinalPartitioned) {
         return None;
     }
@@ -656,11 +755,7 @@ fn partial_below(agg: &AggregateExec) -> Option<&MphfAggregateExec> {
     if !is_exchange {
         return None;
     }
-    let partial = exchange.children().first()?.downcast_ref::<MphfAggregateExec>()?;
-    (partial.mode() == AggregateMode::Partial
-        && partial.aggregate().aggr_expr().len() == agg.aggr_expr().len()
-        && partial.aggregate().group_expr().expr().len() == agg.group_expr().expr().len())
-    .then_some(partial)
+    exchange.children().into_iter().next()
 }
 
 /// `Some` when `agg` is a final aggregate over a repartition / coalesce of a partial one that
@@ -793,8 +888,9 @@ impl PhysicalOptimizerRule for MphfAggregateRule {
         }
         let (merged, merged_any) = rewrite(Arc::clone(&plan), true, &costing)?;
         let merged = unmerged_redecided(merged, &costing)?;
-        // The merged form is not hash partitioned on the key; keep it only when no node above
-        // relies on that (DataFusion's own sanity check of distributions and orderings). The
+        // The rewrite merged no final aggregate whose partitioning a node above needs (see
+        // `KeptPartitionings`); DataFusion's own sanity check of distributions and orderings
+        // stays as the guard of last resort, which falls back to no merge at all. The
         // per-partition form keeps every property of the node it replaces: no check needed.
         if !merged_any || rewrite_is_sane(&plan, &merged, config) {
             return Ok(merged);

@@ -92,7 +92,9 @@ use ::datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Replac
 use super::build::swept_slots;
 use super::group_count;
 use super::group_join::group_join_shape;
-use super::scan_slots::{slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots};
+use super::scan_slots::{
+    build_scan_slots_reach, probe_scan_slots_reach, slots_cross_exchange, with_build_scan_slots, with_probe_scan_slots,
+};
 use super::translate::translates_probe;
 use super::{probes_membership, supports_join_type, MphfGroupJoinExec, MphfJoinExec};
 use crate::datafusion::aggregate::{shared_estimates, RowEstimator};
@@ -364,11 +366,33 @@ fn builds_once(join: &HashJoinExec) -> bool {
     *join.partition_mode() == PartitionMode::CollectLeft || join.left().output_partitioning().partition_count() <= 1
 }
 
+/// Which sides of a candidate form would read their slots from a slot-map scan (see
+/// `scan_slots`). Found before the form is priced (`scan_slots_reach`); the scans are attached
+/// only to a form the rule keeps, since rebuilding a side over its scan costs more than pricing
+/// it, and most candidates are declined.
+#[derive(Clone, Copy, Default)]
+struct ScanSlots {
+    build: bool,
+    probe: bool,
+}
+
+impl ScanSlots {
+    /// Whether `join`'s probe side, with these scans, hands its slots over for translation
+    /// (see [`translates_probe`]).
+    fn translates(self, join: &HashJoinExec, key: usize) -> bool {
+        self.probe || translates_probe(join, key)
+    }
+}
+
 /// The estimates of `join` (key pair `key`, indexed by `handle`) on slots and of `vanilla`, the
 /// hash join DataFusion would run in its place (`join` itself, or the join it was rewritten or
 /// swapped from). `rows_from` is `join` before its sides were given slots or lost their
 /// exchanges, which change no row count: its rows are the ones asked (and already estimated
 /// for the candidate), where `join`'s new nodes would be estimated again from their inputs.
+/// `slots`: the scans `join` gets when it is kept, which price it as if attached (a side over
+/// a slot-map scan keeps the side's partitioning, and the slot column goes last, out of the
+/// way of every column the estimate reads).
+#[allow(clippy::too_many_arguments)]
 fn estimate_of(
     join: &HashJoinExec,
     rows_from: &HashJoinExec,
@@ -377,13 +401,15 @@ fn estimate_of(
     key: usize,
     costing: &Costing,
     above: Option<&AggregateExec>,
+    slots: ScanSlots,
 ) -> Estimate {
     let model = &costing.model;
     let table_rows = handle.index().stats().rows as f64;
     let build_rows = costing.rows.rows(rows_from.left()).unwrap_or(table_rows);
     let lookup = build_lookup(handle);
     let left_key = join.on()[key].0.downcast_ref::<Column>().map(Column::index);
-    let build_copies = scan_slots_position(&join.left().schema(), handle).is_some()
+    let build_copies = slots.build
+        || scan_slots_position(&join.left().schema(), handle).is_some()
         || (handle.index().has_row_slots() && left_key.is_some_and(|c| hands_table_arrays(join.left(), c)));
     let probe_rows = costing.rows.rows(rows_from.right()).unwrap_or(build_rows);
     let threads = join.right().output_partitioning().partition_count().max(1);
@@ -404,7 +430,7 @@ fn estimate_of(
             true => Lookup::Copied,
             false => lookup,
         },
-        probe_lookup: match translates_probe(join, key) {
+        probe_lookup: match slots.translates(join, key) {
             true => Lookup::Copied,
             false => lookup,
         },
@@ -482,35 +508,18 @@ pub(crate) fn candidates(
     // table makes the lookup one array read (see `scan_slots`).
     let dense = handle.index().dense_lookup_bytes() > 0;
     let ships = |side: &Arc<dyn ExecutionPlan>| costing.distributed && dense && slots_cross_exchange(side);
-    // `join` with its probe side's slots from the scan, where they do not ship.
-    let probe_slotted = |join: &HashJoinExec| -> Result<Option<HashJoinExec>> {
-        Ok(with_probe_scan_slots(join, key)?.filter(|j| !ships(j.right())))
-    };
-    let slotted = |join: HashJoinExec| -> Result<HashJoinExec> {
-        let join = probe_slotted(&join)?.unwrap_or(join);
-        Ok(match with_build_scan_slots(&join, key, &handle)? {
-            Some(j) if !ships(j.left()) => j,
-            _ => join,
+    // The scans `form` would get (the build side's only when `build` asks).
+    let slots_of = |form: &HashJoinExec, build: bool| -> Result<ScanSlots> {
+        Ok(ScanSlots {
+            probe: !ships(form.right()) && probe_scan_slots_reach(form, key)?,
+            build: build && !ships(form.left()) && build_scan_slots_reach(form, key, &handle)?,
         })
     };
-    // Each form is priced with the row counts of the candidate's own sides (see `estimate_of`).
-    let priced = |form: HashJoinExec| -> (HashJoinExec, Estimate) {
-        let estimate = estimate_of(&form, join, vanilla, &handle, key, costing, above);
-        (form, estimate)
-    };
-    // The one-for-one form, built only where the partition count leaves it a candidate; else
-    // only whether its probe side would translate its own slots (for the reasons below).
-    let (one, one_translates) = if tables_pay {
-        let one = slotted(join.builder().build()?)?;
-        let translates = translates_probe(&one, key);
-        (Some(one), translates)
-    } else {
-        let translates = match probe_slotted(join)? {
-            Some(j) => translates_probe(&j, key),
-            None => translates_probe(join, key),
-        };
-        (None, translates)
-    };
+    // The one-for-one form is `join` itself; its scans are found only where the partition
+    // count leaves it a candidate, else only whether its probe side would translate its own
+    // slots (for the reasons below).
+    let one_slots = slots_of(join, tables_pay)?;
+    let one_translates = one_slots.translates(join, key);
     let mut reasons = Vec::new();
     if !tables_pay {
         reasons.push(format!(
@@ -527,7 +536,22 @@ pub(crate) fn candidates(
     if !per_row_lookup_pays && !one_translates {
         reasons.push(unclustered());
     }
-    let one_for_one = one.filter(|_| per_row_lookup_pays || one_translates).map(priced);
+    // Each form is priced with the row counts of the candidate's own sides (see `estimate_of`).
+    // A form is `None` for `join` itself, copied only when it is kept.
+    let priced = |form: Option<HashJoinExec>, slots: ScanSlots| -> (Option<HashJoinExec>, ScanSlots, Estimate) {
+        let estimate = estimate_of(
+            form.as_ref().unwrap_or(join),
+            join,
+            vanilla,
+            &handle,
+            key,
+            costing,
+            above,
+            slots,
+        );
+        (form, slots, estimate)
+    };
+    let one_for_one = (tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(None, one_slots));
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
     let collect = if *join.partition_mode() != PartitionMode::Partitioned
@@ -542,38 +566,57 @@ pub(crate) fn candidates(
         } else {
             spread(without_exchange(join.right(), false), probe_partitions)?
         };
-        let collected = slotted(
-            join.builder()
-                .with_partition_mode(PartitionMode::CollectLeft)
-                .with_new_children(vec![left, right])?
-                .recompute_properties()
-                .build()?,
-        )?;
-        let translates = translates_probe(&collected, key);
+        let collected = join
+            .builder()
+            .with_partition_mode(PartitionMode::CollectLeft)
+            .with_new_children(vec![left, right])?
+            .recompute_properties()
+            .build()?;
+        let slots = slots_of(&collected, true)?;
+        let translates = slots.translates(&collected, key);
         if !per_row_lookup_pays && !translates && one_translates {
             reasons.push(format!("collect form: {}", unclustered()));
         }
-        (per_row_lookup_pays || translates).then(|| priced(collected))
+        (per_row_lookup_pays || translates).then(|| priced(Some(collected), slots))
     };
     // The model's verdict on each remaining form; the cheaper form's estimate is the one a
-    // decline shows.
+    // decline shows. A kept form gets its scans.
     let mut cheapest: Option<Estimate> = None;
-    let mut affordable = |form: Option<(HashJoinExec, Estimate)>, name: &str| {
-        let (join, estimate) = form?;
-        if cheapest.is_none_or(|c| estimate.mphf_ns < c.mphf_ns) {
-            cheapest = Some(estimate);
-        }
-        if costing.compare_costs && estimate.mphf_ns >= estimate.hash_ns {
-            reasons.push(format!("{name}: DataFusion's hash join is estimated cheaper"));
-            return None;
-        }
-        Some(MphfJoinExec::new(Arc::new(join), Arc::clone(&handle), key).with_estimate(Some(estimate)))
-    };
-    let one_for_one = affordable(one_for_one, "one for one");
-    let collect = affordable(collect, "collect form");
+    let mut affordable =
+        |form: Option<(Option<HashJoinExec>, ScanSlots, Estimate)>, name: &str| -> Result<Option<MphfJoinExec>> {
+            let Some((form, slots, estimate)) = form else {
+                return Ok(None);
+            };
+            if cheapest.is_none_or(|c| estimate.mphf_ns < c.mphf_ns) {
+                cheapest = Some(estimate);
+            }
+            if costing.compare_costs && estimate.mphf_ns >= estimate.hash_ns {
+                reasons.push(format!("{name}: DataFusion's hash join is estimated cheaper"));
+                return Ok(None);
+            }
+            let form = match form {
+                Some(form) => form,
+                None => join.builder().build()?,
+            };
+            let form = match slots.probe {
+                true => with_probe_scan_slots(&form, key)?.unwrap_or(form),
+                false => form,
+            };
+            let form = match slots.build {
+                true => with_build_scan_slots(&form, key, &handle)?.unwrap_or(form),
+                false => form,
+            };
+            Ok(Some(
+                MphfJoinExec::new(Arc::new(form), Arc::clone(&handle), key).with_estimate(Some(estimate)),
+            ))
+        };
+    let one_for_one = affordable(one_for_one, "one for one")?;
+    let collect = affordable(collect, "collect form")?;
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = cheapest.unwrap_or_else(|| estimate_of(join, join, vanilla, &handle, key, costing, above));
+            let estimate = cheapest.unwrap_or_else(|| {
+                estimate_of(join, join, vanilla, &handle, key, costing, above, ScanSlots::default())
+            });
             reasons.dedup();
             Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
         }

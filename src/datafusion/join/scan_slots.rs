@@ -35,8 +35,9 @@ use ::datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use crate::datafusion::registry::{index_of_field, IndexHandle};
 use crate::datafusion::slot_scan::{
-    attach_scan_slots, scan_slots_position, KeyColumn, SlotScanExec, SCAN_SLOTS_COLUMN,
+    attach_scan_slots, scan_slots_position, scan_slots_reach, KeyColumn, SlotScanExec, SCAN_SLOTS_COLUMN,
 };
+use crate::datafusion::table::MphfRelabelExec;
 
 /// `join` with a slot-map scan under its build side for key pair `key` (indexed by `handle`),
 /// its output unchanged; `None` when the table has no slot maps, the build side already
@@ -46,25 +47,15 @@ pub(crate) fn with_build_scan_slots(
     key: usize,
     handle: &Arc<IndexHandle>,
 ) -> Result<Option<HashJoinExec>> {
-    let Some(col) = join.on().get(key).and_then(|(l, _)| l.downcast_ref::<Column>()) else {
+    let Some(col) = build_key_for_slots(join, key, handle) else {
         return Ok(None);
     };
     let left = join.left();
-    let left_schema = left.schema();
-    let Some(field) = left_schema.fields().get(col.index()) else {
-        return Ok(None);
-    };
-    if handle.slot_maps().is_none()
-        || handle.index().keys().data_type() != field.data_type()
-        || scan_slots_position(&left_schema, handle).is_some()
-    {
-        return Ok(None);
-    }
     // The build reads the key of every row (strays, residual keys, the verified fallback).
-    let Some((slotted, _)) = attach_scan_slots(left, col.index(), handle, KeyColumn::Read)? else {
+    let Some((slotted, _)) = attach_scan_slots(left, col, handle, KeyColumn::Read)? else {
         return Ok(None);
     };
-    let old_left = left_schema.fields().len();
+    let old_left = left.schema().fields().len();
     // Where the join's full output holds build columns, the slot column follows them.
     let holds_build_columns = !matches!(
         join.join_type(),
@@ -83,24 +74,10 @@ pub(crate) fn with_build_scan_slots(
 /// probe key is an indexed column of a table with slot maps, its output unchanged; `None`
 /// otherwise.
 pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<Option<HashJoinExec>> {
-    let Some(col) = join.on().get(key).and_then(|(_, r)| r.downcast_ref::<Column>()) else {
+    let Some((col, index)) = probe_key_for_slots(join, key) else {
         return Ok(None);
     };
-    let Some(index) = join
-        .right()
-        .schema()
-        .fields()
-        .get(col.index())
-        .and_then(|f| index_of_field(f))
-    else {
-        return Ok(None);
-    };
-    if index.slot_maps().is_none()
-        || index.index().keys().data_type() != join.right().schema().field(col.index()).data_type()
-    {
-        return Ok(None);
-    }
-    let Some((right, _)) = attach_scan_slots(join.right(), col.index(), &index, KeyColumn::Read)? else {
+    let Some((right, _)) = attach_scan_slots(join.right(), col, &index, KeyColumn::Read)? else {
         return Ok(None);
     };
     let rebuilt = with_slot_column_skipped(join, Arc::clone(join.left()), right, |full| {
@@ -112,15 +89,57 @@ pub(crate) fn with_probe_scan_slots(join: &HashJoinExec, key: usize) -> Result<O
     Ok(Some(rebuilt))
 }
 
+/// The column of `join`'s build key `key` when a slot-map scan of `handle`'s index could go
+/// under the build side: the table has slot maps, the column holds the index's key type, and
+/// the side carries no slot column of that index yet.
+fn build_key_for_slots(join: &HashJoinExec, key: usize, handle: &IndexHandle) -> Option<usize> {
+    let col = join.on().get(key)?.0.downcast_ref::<Column>()?;
+    let left_schema = join.left().schema();
+    let field = left_schema.fields().get(col.index())?;
+    (handle.slot_maps().is_some()
+        && handle.index().keys().data_type() == field.data_type()
+        && scan_slots_position(&left_schema, handle).is_none())
+    .then_some(col.index())
+}
+
+/// The column of `join`'s probe key `key` and its index when a slot-map scan could go under
+/// the probe side: the column is indexed, of the index's key type, and has slot maps.
+fn probe_key_for_slots(join: &HashJoinExec, key: usize) -> Option<(usize, Arc<IndexHandle>)> {
+    let col = join.on().get(key)?.1.downcast_ref::<Column>()?;
+    let right_schema = join.right().schema();
+    let field = right_schema.fields().get(col.index())?;
+    let index = index_of_field(field)?;
+    (index.slot_maps().is_some() && index.index().keys().data_type() == field.data_type())
+        .then_some((col.index(), index))
+}
+
+/// Whether [`with_build_scan_slots`] would find the slot-map scan for `join`'s build side
+/// (see [`scan_slots_reach`]: priced before it is built).
+pub(crate) fn build_scan_slots_reach(join: &HashJoinExec, key: usize, handle: &Arc<IndexHandle>) -> Result<bool> {
+    match build_key_for_slots(join, key, handle) {
+        Some(col) => scan_slots_reach(join.left(), col, handle, KeyColumn::Read),
+        None => Ok(false),
+    }
+}
+
+/// Whether [`with_probe_scan_slots`] would find the slot-map scan for `join`'s probe side.
+pub(crate) fn probe_scan_slots_reach(join: &HashJoinExec, key: usize) -> Result<bool> {
+    match probe_key_for_slots(join, key) {
+        Some((col, index)) => scan_slots_reach(join.right(), col, &index, KeyColumn::Read),
+        None => Ok(false),
+    }
+}
+
 /// Whether the slot-map scan under `side` (a join side that [`attach_scan_slots`] gave a slot
-/// column) reaches the join through a hash repartition or a coalesce of partitions, the nodes a
-/// distributed planner turns into network exchanges. False where no slot-map scan is found
-/// down the chain of single-child nodes.
+/// column, or would give one: the scan then replaces the side's relabel node) reaches the join
+/// through a hash repartition or a coalesce of partitions, the nodes a distributed planner
+/// turns into network exchanges. False where neither is found down the chain of single-child
+/// nodes.
 pub(crate) fn slots_cross_exchange(side: &Arc<dyn ExecutionPlan>) -> bool {
     let mut node = side;
     let mut crossed = false;
     loop {
-        if node.downcast_ref::<SlotScanExec>().is_some() {
+        if node.downcast_ref::<SlotScanExec>().is_some() || node.downcast_ref::<MphfRelabelExec>().is_some() {
             return crossed;
         }
         crossed |= node.downcast_ref::<CoalescePartitionsExec>().is_some()
