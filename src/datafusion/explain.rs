@@ -203,7 +203,7 @@ fn join_reason(
             return Ok(Some(swapped_reason(declined)));
         }
         return Ok(
-            match join_rule::candidates(&join_rule::swapped(join)?, join, costing, false, None)? {
+            match join_rule::candidates(&join_rule::swapped(join)?, join, costing, join_rule::Wanted::Both, None)? {
                 Forms::Declined(d) => Some(swapped_reason(d)),
                 Forms::Some(..) => Some(Declined::new(
                     "swapped: the collect form breaks a distribution or ordering a node above requires".into(),
@@ -217,17 +217,19 @@ fn join_reason(
         return Ok(Some(declined));
     }
     let above_agg = above.and_then(|a| a.downcast_ref::<AggregateExec>());
-    Ok(match join_rule::candidates(join, join, costing, false, above_agg)? {
-        Forms::NotCandidate => None,
-        Forms::Declined(declined) => Some(declined),
-        Forms::Some(one, collect) => {
-            let estimate = one.as_ref().or(collect.as_ref()).and_then(|e| e.estimate());
-            Some(Declined::new(
+    Ok(
+        match join_rule::candidates(join, join, costing, join_rule::Wanted::Both, above_agg)? {
+            Forms::NotCandidate => None,
+            Forms::Declined(declined) => Some(declined),
+            Forms::Some(one, collect) => {
+                let estimate = one.as_ref().or(collect.as_ref()).and_then(|e| e.estimate());
+                Some(Declined::new(
                 "the collect form breaks a distribution or ordering a node above requires, and the one-for-one form was declined".into(),
                 estimate,
             ))
-        }
-    })
+            }
+        },
+    )
 }
 
 impl PhysicalOptimizerRule for MphfExplainRule {

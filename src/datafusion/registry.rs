@@ -107,9 +107,10 @@ pub struct IndexHandle {
     /// Bytes reserved in the session's memory pool (released on drop).
     _reservation: Option<MemoryReservation>,
     /// Translations of other indexes' slots into this index's, by the other index's id, made
-    /// on a join's first use and kept while both indexes live (each with its reservation;
-    /// `None`: the translation cannot be made, see [`SlotTranslation::build`]).
-    translations: Mutex<HashMap<u64, KeptTranslation>>,
+    /// on a join's first use and kept while both indexes live. Each pair has its own cell, so
+    /// the build of one pair's translation never holds up a join of another pair; the map's
+    /// lock is held only to find or add a cell.
+    translations: Mutex<HashMap<u64, Arc<TranslationCell>>>,
     /// The index uploaded to the GPU on first use, kept while the index lives (or why not).
     #[cfg(feature = "cuda")]
     gpu: std::sync::OnceLock<Result<Arc<crate::gpu::GpuIndex>, crate::gpu::GpuError>>,
@@ -117,6 +118,10 @@ pub struct IndexHandle {
 
 /// A translation kept with an index, with the memory it holds (`None`: cannot be made).
 type KeptTranslation = Option<(Arc<SlotTranslation>, MemoryReservation)>;
+
+/// One pair's translation: empty until made (or while the pool cannot hold it), then kept.
+/// Joins of the same pair running at once wait on its lock for one build.
+type TranslationCell = Mutex<Option<KeptTranslation>>;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A random value of this process that every label carries: metadata that did not come from a
@@ -213,12 +218,18 @@ impl IndexHandle {
         probe: &IndexHandle,
         pool: &Arc<dyn MemoryPool>,
     ) -> (Option<Arc<SlotTranslation>>, bool) {
-        let mut cache = self.translations.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = cache.get(&probe.id) {
+        let cell = {
+            let mut cells = self.translations.lock().unwrap_or_else(PoisonError::into_inner);
+            if !cells.contains_key(&probe.id) {
+                // Cells of dropped indexes are never asked for again (ids are not reused).
+                cells.retain(|id, _| resolve_index(*id).is_some());
+            }
+            Arc::clone(cells.entry(probe.id).or_default())
+        };
+        let mut kept = cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = kept.as_ref() {
             return (entry.as_ref().map(|(t, _)| Arc::clone(t)), false);
         }
-        // Entries of dropped indexes are never asked for again (ids are not reused).
-        cache.retain(|id, _| resolve_index(*id).is_some());
         let name = format!(
             "MphfIndex[translation {}.{} -> {}.{}]",
             probe.info.table, probe.info.column, self.info.table, self.info.column
@@ -230,7 +241,7 @@ impl IndexHandle {
         let made = SlotTranslation::build(&probe.index, &self.index).ok().flatten();
         let entry = made.map(|t| (Arc::new(t), reservation));
         let out = entry.as_ref().map(|(t, _)| Arc::clone(t));
-        cache.insert(probe.id, entry);
+        *kept = Some(entry);
         (out, true)
     }
     /// The field-metadata value that names this index: `<process nonce>:<id>` (see
@@ -384,6 +395,77 @@ pub fn format_utc(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use ::datafusion::arrow::array::{ArrayRef, Int64Array};
+    use ::datafusion::execution::memory_pool::{GreedyMemoryPool, UnboundedMemoryPool};
+
+    use crate::core::column::IndexOptions;
+
+    fn handle(table: &str, keys: impl IntoIterator<Item = i64>) -> Arc<IndexHandle> {
+        let keys: ArrayRef = Arc::new(Int64Array::from_iter_values(keys));
+        let index = ColumnIndex::build(&[keys], &IndexOptions::default()).unwrap();
+        let info = IndexInfo {
+            name: format!("{table}_k"),
+            table: table.to_string(),
+            column: "k".to_string(),
+            built_at: format_utc(0),
+            device: "cpu".to_string(),
+            build_ms: 0.0,
+            source: IndexSource::Built,
+            path: None,
+            rows_per_run: None,
+        };
+        IndexHandle::new(Arc::new(index), info, None, None)
+    }
+
+    #[test]
+    fn each_pair_keeps_its_own_translation_and_a_refused_one_is_tried_again() {
+        let build = handle("b", (0..1000).map(|k| k * 7919));
+        let probe_a = handle("a", (0..500).map(|k| k * 7919 * 2));
+        let probe_c = handle("c", (0..300).map(|k| k * 7919 * 3));
+        let roomy: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let tight: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(16));
+
+        // The pool cannot hold a's translation: nothing is kept, the next call builds it.
+        assert!(matches!(build.translation_from(&probe_a, &tight), (None, false)));
+        let (a, made) = build.translation_from(&probe_a, &roomy);
+        assert!(made);
+        let a = a.expect("a's keys are all in the build index");
+        let (c, made) = build.translation_from(&probe_c, &roomy);
+        assert!(made, "another pair builds its own translation");
+        let c = c.expect("c's keys are all in the build index");
+        assert!(!Arc::ptr_eq(&a, &c));
+        let (again, made) = build.translation_from(&probe_a, &tight);
+        assert!(!made, "a kept translation is reused without asking the pool");
+        assert!(Arc::ptr_eq(&again.unwrap(), &a));
+
+        // Every probe slot maps to the build slot of the same key.
+        for (probe, table) in [(&probe_a, &a), (&probe_c, &c)] {
+            let mut want = Vec::new();
+            build
+                .index()
+                .lookup_slots(probe.index().keys().as_ref(), &mut want)
+                .unwrap();
+            let mut got: Vec<u64> = (0..probe.index().len()).collect();
+            table.translate(&mut got).unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn joins_of_one_pair_at_once_build_its_translation_once() {
+        let build = handle("b", 0..20_000);
+        let probe = handle("p", (0..20_000).rev());
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let made: Vec<bool> = std::thread::scope(|s| {
+            let joins: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| build.translation_from(&probe, &pool).1))
+                .collect();
+            joins.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        assert_eq!(made.iter().filter(|&&m| m).count(), 1, "{made:?}");
+        assert_eq!(pool.reserved(), 4 * 20_000);
+    }
 
     #[test]
     fn utc_format() {

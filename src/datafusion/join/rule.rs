@@ -451,16 +451,26 @@ fn estimate_of(
     }
 }
 
-/// The candidate forms of `join` (one for one, collect), or why the rule declines both. With
-/// `keep_probe_exchange`, the collect form keeps the probe side's hash repartition (its output
-/// stays hash partitioned on the key, see [`rewrite_feeding`]). `vanilla` is the join DataFusion
-/// runs in its place (`join` itself, or the join `join` was swapped from), which the estimates
-/// price. Under `Tuning::compare_costs`, a form estimated above `vanilla` is declined.
+/// Which forms [`candidates`] is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wanted {
+    /// Both forms, the collect form over a spread probe side.
+    Both,
+    /// Only the collect form, keeping the probe side's hash repartition (its output stays hash
+    /// partitioned on the key, see [`rewrite_feeding`]). The one-for-one form is neither
+    /// priced nor built, and a decline gives no reason (the caller keeps the join as it is).
+    CollectKeepingProbeExchange,
+}
+
+/// The candidate forms of `join` (one for one, collect) that `wanted` asks for, or why the rule
+/// declines them. `vanilla` is the join DataFusion runs in its place (`join` itself, or the
+/// join `join` was swapped from), which the estimates price. Under `Tuning::compare_costs`, a
+/// form estimated above `vanilla` is declined.
 pub(crate) fn candidates(
     join: &HashJoinExec,
     vanilla: &HashJoinExec,
     costing: &Costing,
-    keep_probe_exchange: bool,
+    wanted: Wanted,
     above: Option<&AggregateExec>,
 ) -> Result<Forms> {
     let Some((key, handle)) = indexed_key(join) else {
@@ -517,9 +527,13 @@ pub(crate) fn candidates(
     };
     // The one-for-one form is `join` itself; its scans are found only where the partition
     // count leaves it a candidate, else only whether its probe side would translate its own
-    // slots (for the reasons below).
-    let one_slots = slots_of(join, tables_pay)?;
-    let one_translates = one_slots.translates(join, key);
+    // slots (for the reasons below). Nothing of it is looked at where it is not wanted.
+    let wants_one = wanted == Wanted::Both;
+    let one_slots = match wants_one {
+        true => slots_of(join, tables_pay)?,
+        false => ScanSlots::default(),
+    };
+    let one_translates = wants_one && one_slots.translates(join, key);
     let mut reasons = Vec::new();
     if !tables_pay {
         reasons.push(format!(
@@ -551,7 +565,8 @@ pub(crate) fn candidates(
         );
         (form, slots, estimate)
     };
-    let one_for_one = (tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(None, one_slots));
+    let one_for_one =
+        (wants_one && tables_pay && (per_row_lookup_pays || one_translates)).then(|| priced(None, one_slots));
     // CollectLeft (and Auto) joins are already in their only form.
     let probe_partitions = join.right().output_partitioning().partition_count();
     let collect = if *join.partition_mode() != PartitionMode::Partitioned
@@ -561,7 +576,7 @@ pub(crate) fn candidates(
         None
     } else {
         let left = collected(without_exchange(join.left(), false));
-        let right = if keep_probe_exchange {
+        let right = if wanted == Wanted::CollectKeepingProbeExchange {
             Arc::clone(join.right())
         } else {
             spread(without_exchange(join.right(), false), probe_partitions)?
@@ -614,11 +629,14 @@ pub(crate) fn candidates(
     let collect = affordable(collect, "collect form")?;
     Ok(match (one_for_one, collect) {
         (None, None) => {
-            let estimate = cheapest.unwrap_or_else(|| {
-                estimate_of(join, join, vanilla, &handle, key, costing, above, ScanSlots::default())
-            });
+            let estimate = match wanted {
+                Wanted::Both => Some(cheapest.unwrap_or_else(|| {
+                    estimate_of(join, join, vanilla, &handle, key, costing, above, ScanSlots::default())
+                })),
+                Wanted::CollectKeepingProbeExchange => cheapest,
+            };
             reasons.dedup();
-            Forms::Declined(Declined::new(reasons.join("; "), Some(estimate)))
+            Forms::Declined(Declined::new(reasons.join("; "), estimate))
         }
         (one, collect) => Forms::Some(one, collect),
     })
@@ -689,7 +707,7 @@ fn try_swapped(
         return Ok(None);
     }
     // The swapped join is CollectLeft: its one-for-one form is the collect form.
-    let collect = match candidates(&swapped(join)?, join, costing, false, None)? {
+    let collect = match candidates(&swapped(join)?, join, costing, Wanted::Both, None)? {
         Forms::Some(Some(collect), _) => collect,
         Forms::Declined(declined) => {
             verdicts::record(Question::SwappedJoin, node, None, &declined);
@@ -745,7 +763,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
             }
             // A join under an aggregate it would run fused with is priced with that aggregate.
             if let Some(join) = agg.input().downcast_ref::<HashJoinExec>() {
-                let forms = candidates(join, join, costing, false, Some(agg))?;
+                let forms = candidates(join, join, costing, Wanted::Both, Some(agg))?;
                 if let Forms::Declined(declined) = &forms {
                     verdicts::record(Question::Join, agg.input(), Some(&node), declined);
                 }
@@ -763,7 +781,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, collect: bool, costing: &Costing) -> Re
                 return Ok(Transformed::yes(exec));
             }
         }
-        let forms = candidates(join, join, costing, false, None)?;
+        let forms = candidates(join, join, costing, Wanted::Both, None)?;
         if let Forms::Declined(declined) = &forms {
             verdicts::record(Question::Join, &node, None, declined);
         }
@@ -829,10 +847,12 @@ fn rewrite_feeding(
     {
         return Ok(None);
     }
-    Ok(match candidates(join, join, costing, true, None)? {
-        Forms::Some(_, Some(c)) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
-        _ => None,
-    })
+    Ok(
+        match candidates(join, join, costing, Wanted::CollectKeepingProbeExchange, None)? {
+            Forms::Some(_, Some(c)) => Some(Arc::new(c) as Arc<dyn ExecutionPlan>),
+            _ => None,
+        },
+    )
 }
 
 /// Whether `agg` is estimated to have so few groups (see [`group_count`]) that all its input
