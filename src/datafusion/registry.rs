@@ -212,7 +212,8 @@ impl IndexHandle {
     /// 4 bytes per probe slot reserved in `pool`) and kept with this index for later queries;
     /// the second value says whether this call made it. `None` when the pool cannot hold it
     /// (tried again next time) or it cannot be made (a slot past `u32`, a key type this index
-    /// cannot take). Joins running at once wait for one build.
+    /// cannot take). Joins of this pair running at once wait for one build; joins of other pairs
+    /// do not wait for it.
     pub fn translation_from(
         &self,
         probe: &IndexHandle,
