@@ -1,9 +1,10 @@
 // GROUP BY on MPHF slots: count(*), and per value column count, sum, min, max (avg = sum/count on
 // the host) into dense per-slot arrays. No hashing and no probing: the slot is the group index.
 //
-// How it differs from the CPU aggregation (src/gpu/groupby.rs aggregate_cpu):
+// How it differs from the CPU aggregation (src/gpu/groupby/cpu.rs, aggregate_cpu):
 // - Rows are combined with atomics, so the order of floating-point additions differs from the
-//   CPU's (and between runs): f64 sums agree to rounding, not bit for bit (see groupby.rs docs).
+//   CPU's (and between runs): f64 sums agree to rounding, not bit for bit (see the docs of
+//   src/gpu/groupby/mod.rs).
 //   Integer sums wrap modulo 2^64 on both sides (DataFusion's Int64 sum), min/max are exact.
 // - f64 min/max use the order-preserving map of a double's bits to u64 (negative: all bits
 //   flipped; positive: sign bit set), so unsigned integer atomics give f64::total_cmp order
@@ -11,7 +12,7 @@
 // - Slots ≥ groups (ABSENT, i.e. a NULL or non-member key) go to one extra group `groups`: SQL's
 //   NULL group. Rows whose value is NULL count in count(*) but not in the column's aggregates.
 //
-// Work mapping (chosen on the host, src/gpu/groupby.rs):
+// Work mapping (chosen on the host, src/gpu/groupby/device.rs):
 // - SHARED (DogQC's privatization): when all groups' accumulators fit in shared memory, each
 //   block (one or two per SM, 1024 threads) aggregates a grid-stride share of the rows into its
 //   own shared table with shared-memory atomics, then flushes its non-empty entries to the
