@@ -80,7 +80,7 @@ use super::plan::scans;
 use super::registry::{index_id_of_field, IndexHandle, SCAN_SLOTS_METADATA_KEY};
 use super::table::MphfRelabelExec;
 use crate::core::column::{ColumnIndex, ABSENT};
-use crate::index::{FileSlots, FileStamp, NO_SLOT};
+use crate::index::{FileSlots, FileStamp, SlotMaps, NO_SLOT};
 
 /// Name of the appended slot column.
 pub const SCAN_SLOTS_COLUMN: &str = "__mphf_scan_slots";
@@ -156,8 +156,8 @@ pub fn scan_slots_reach(
 enum Walk {
     /// Rebuilds each node over its child with the slot column.
     Rebuild,
-    /// Rebuilds nothing: the answer is the slot scan itself, and only whether there is one
-    /// counts.
+    /// Rebuilds and makes nothing: only whether there is a slot scan counts (the answer names
+    /// the relabel node in its place).
     Check,
 }
 
@@ -186,6 +186,14 @@ fn walk_to_scan(
             return Ok(None);
         }
         let reads_key = key_column == KeyColumn::Read;
+        if walk == Walk::Check {
+            // Only whether there is a scan counts: nothing is made (see `scans::scan_exists`),
+            // and the relabel node stands in for the scan.
+            let exists = scans::scan_exists(input, key, handle.id(), reads_key, || {
+                SlotScanExec::exists(relabel, handle)
+            })?;
+            return Ok(exists.then(|| (Arc::clone(input), relabel.schema().fields().len())));
+        }
         let scan = scans::scan_for(input, key, handle.id(), reads_key, || {
             Ok(SlotScanExec::try_new(relabel, key, handle, key_column)?.map(|s| Arc::new(s) as Arc<dyn ExecutionPlan>))
         })?;
@@ -579,6 +587,21 @@ impl SlotScanExec {
         Ok(variants)
     }
 
+    /// Whether [`Self::try_new`] gives a slot scan for these inputs, without making it: the
+    /// Parquet scan can be replaced and at least one of its files has a slot map. (Where the
+    /// file source without the key column cannot be made, `try_new` fails; that is reported
+    /// when the scan is made, not here.)
+    ///
+    /// # Errors
+    /// The file source with the row numbers cannot be made.
+    pub(crate) fn exists(relabel: &MphfRelabelExec, handle: &Arc<IndexHandle>) -> Result<bool> {
+        let Some(parts) = Replaceable::of(relabel, handle)? else {
+            return Ok(false);
+        };
+        let files = parts.config.file_groups.iter().flat_map(|g| g.files());
+        Ok(files.into_iter().any(|file| file_slots(parts.maps, file).1.is_some()))
+    }
+
     /// [`Self::try_new`], also when no file has a slot map (its rows are then looked up).
     pub(crate) fn over_files(
         relabel: &MphfRelabelExec,
@@ -586,71 +609,21 @@ impl SlotScanExec {
         handle: &Arc<IndexHandle>,
         key_column: KeyColumn,
     ) -> Result<Option<Self>> {
-        let Some(maps) = handle.slot_maps() else {
+        let Some(parts) = Replaceable::of(relabel, handle)? else {
             return Ok(None);
         };
-        let [inner] = relabel.children()[..] else {
-            return Ok(None);
-        };
-        let Some(ds) = inner.downcast_ref::<DataSourceExec>() else {
-            return Ok(None);
-        };
-        let Some((config, parquet)) = ds.downcast_to_file_source::<ParquetSource>() else {
-            return Ok(None);
-        };
-        if config.limit.is_some() {
-            return Ok(None);
-        }
-        let out = ds.schema();
-        let row_number: Arc<dyn PhysicalExpr> = Arc::new(ScalarFunctionExpr::new(
-            "file_row_index",
-            ::datafusion::functions::core::file_row_index(),
-            vec![],
-            Arc::new(Field::new(ROW_NUMBER_COLUMN, DataType::Int64, true)),
-            Arc::new(ConfigOptions::default()),
-        ));
-        // The scan's columns (but `skip`) and the row numbers, as a file source.
-        let source_without = |skip: Option<usize>| -> Result<Option<Arc<dyn FileSource>>> {
-            let mut exprs: Vec<ProjectionExpr> = out
-                .fields()
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| Some(i) != skip)
-                .map(|(i, f)| ProjectionExpr::new(Arc::new(Column::new(f.name(), i)), f.name()))
-                .collect();
-            exprs.push(ProjectionExpr::new(Arc::clone(&row_number), ROW_NUMBER_COLUMN));
-            parquet.try_pushdown_projection(&ProjectionExprs::new(exprs))
-        };
-        let Some(source) = source_without(None)? else {
-            return Ok(None);
-        };
+        let out_columns = parts.out.fields().len();
         let keyless = match key_column {
-            KeyColumn::WhereNoSlots => source_without(Some(key))?,
+            KeyColumn::WhereNoSlots => parts.source_without(Some(key))?,
             KeyColumn::Read => None,
         };
-        let mut fileless = config.clone();
-        fileless.file_groups = Vec::new();
-        if !FileReader::gives(&fileless, &source, out.fields().len()) {
-            return Ok(None);
-        }
-        let keyless = keyless.filter(|k| FileReader::gives(&fileless, k, out.fields().len() - 1));
+        let keyless = keyless.filter(|k| FileReader::gives(&parts.fileless, k, out_columns - 1));
         let (mut files, mut mapped) = (0, 0);
-        let mut partitions = Vec::with_capacity(config.file_groups.len());
-        for group in &config.file_groups {
+        let mut partitions = Vec::with_capacity(parts.config.file_groups.len());
+        for group in &parts.config.file_groups {
             let mut scans = Vec::with_capacity(group.len());
             for file in group.files() {
-                // Slot maps are keyed by canonical paths. A location found as it is is the path
-                // a map was made for: no system calls here (the file's stamp is compared with
-                // the map's when the scan opens it, as for every file).
-                let named = std::path::Path::new("/").join(file.object_meta.location.as_ref());
-                let (path, slots) = match maps.file(&named) {
-                    Some(slots) => (Some(named), Some(Arc::clone(slots))),
-                    None => {
-                        let path = named.canonicalize().ok();
-                        let slots = path.as_ref().and_then(|p| maps.file(p)).cloned();
-                        (path, slots)
-                    }
-                };
+                let (path, slots) = file_slots(parts.maps, file);
                 files += 1;
                 mapped += usize::from(slots.is_some());
                 scans.push(FileScan {
@@ -666,14 +639,10 @@ impl SlotScanExec {
         let schema = Arc::new(Schema::new_with_metadata(fields, relabel.schema().metadata().clone()));
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(relabel.properties().partitioning.partition_count().max(1)),
+            Partitioning::UnknownPartitioning(parts.partition_count),
             EmissionType::Incremental,
             Boundedness::Bounded,
         ));
-        // A partition count that differs from the groups' would leave partitions unread.
-        if partitions.len() != properties.partitioning.partition_count() {
-            return Ok(None);
-        }
         // Without a keyless source or a mapped file, every file is read with its key.
         let key_column = match keyless.is_some() && mapped > 0 {
             true => key_column,
@@ -682,8 +651,8 @@ impl SlotScanExec {
         Ok(Some(Self {
             partitions,
             reader: Arc::new(FileReader {
-                fileless,
-                source,
+                fileless: parts.fileless,
+                source: parts.source,
                 keyless,
             }),
             schema,
@@ -692,10 +661,124 @@ impl SlotScanExec {
             handle: Arc::clone(handle),
             files,
             mapped,
-            scan: Arc::clone(inner),
+            scan: Arc::clone(parts.inner),
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
+    }
+}
+
+/// The Parquet scan under a relabel node, as far as a slot scan can replace it: what
+/// [`SlotScanExec::over_files`] and [`SlotScanExec::exists`] both check and use.
+struct Replaceable<'a> {
+    maps: &'a SlotMaps,
+    inner: &'a Arc<dyn ExecutionPlan>,
+    config: &'a FileScanConfig,
+    parquet: &'a ParquetSource,
+    /// The scan's output schema.
+    out: SchemaRef,
+    /// The scan's file source with the row numbers appended.
+    source: Arc<dyn FileSource>,
+    /// The scan's configuration without its files (a file scan is made from it per file).
+    fileless: FileScanConfig,
+    /// The relabel node's partition count, which is also the scan's number of file groups.
+    partition_count: usize,
+}
+
+impl<'a> Replaceable<'a> {
+    /// `None` when the index has no slot maps, the scan is not a Parquet scan, has a limit,
+    /// cannot read the row numbers with its columns, or has a file group count other than the
+    /// relabel node's partition count (partitions would be left unread).
+    fn of(relabel: &'a MphfRelabelExec, handle: &'a Arc<IndexHandle>) -> Result<Option<Self>> {
+        let Some(maps) = handle.slot_maps() else {
+            return Ok(None);
+        };
+        let [inner] = relabel.children()[..] else {
+            return Ok(None);
+        };
+        let Some(ds) = inner.downcast_ref::<DataSourceExec>() else {
+            return Ok(None);
+        };
+        let Some((config, parquet)) = ds.downcast_to_file_source::<ParquetSource>() else {
+            return Ok(None);
+        };
+        if config.limit.is_some() {
+            return Ok(None);
+        }
+        let partition_count = relabel.properties().partitioning.partition_count().max(1);
+        if config.file_groups.len() != partition_count {
+            return Ok(None);
+        }
+        let out = ds.schema();
+        let Some(source) = source_without(parquet, &out, None)? else {
+            return Ok(None);
+        };
+        let fileless = without_files(config);
+        if !FileReader::gives(&fileless, &source, out.fields().len()) {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            maps,
+            inner,
+            config,
+            parquet,
+            out,
+            source,
+            fileless,
+            partition_count,
+        }))
+    }
+
+    /// The scan's columns (but `skip`) and the row numbers, as a file source.
+    fn source_without(&self, skip: Option<usize>) -> Result<Option<Arc<dyn FileSource>>> {
+        source_without(self.parquet, &self.out, skip)
+    }
+}
+
+/// The columns of `out` (but `skip`) and the row numbers, read through `parquet`.
+fn source_without(
+    parquet: &ParquetSource,
+    out: &SchemaRef,
+    skip: Option<usize>,
+) -> Result<Option<Arc<dyn FileSource>>> {
+    let row_number: Arc<dyn PhysicalExpr> = Arc::new(ScalarFunctionExpr::new(
+        "file_row_index",
+        ::datafusion::functions::core::file_row_index(),
+        vec![],
+        Arc::new(Field::new(ROW_NUMBER_COLUMN, DataType::Int64, true)),
+        Arc::new(ConfigOptions::default()),
+    ));
+    let mut exprs: Vec<ProjectionExpr> = out
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| Some(i) != skip)
+        .map(|(i, f)| ProjectionExpr::new(Arc::new(Column::new(f.name(), i)), f.name()))
+        .collect();
+    exprs.push(ProjectionExpr::new(row_number, ROW_NUMBER_COLUMN));
+    parquet.try_pushdown_projection(&ProjectionExprs::new(exprs))
+}
+
+/// `config` without its file groups (a file scan is made from it per file).
+fn without_files(config: &FileScanConfig) -> FileScanConfig {
+    let mut fileless = config.clone();
+    fileless.file_groups = Vec::new();
+    fileless
+}
+
+/// A listed file's canonical path and slot map (`None`s: not resolved, or no map). Slot maps
+/// are keyed by canonical paths. A location found as it is is the path a map was made for: no
+/// system calls then (the file's stamp is compared with the map's when the scan opens it, as
+/// for every file).
+fn file_slots(maps: &SlotMaps, file: &PartitionedFile) -> (Option<PathBuf>, Option<Arc<FileSlots>>) {
+    let named = std::path::Path::new("/").join(file.object_meta.location.as_ref());
+    match maps.file(&named) {
+        Some(slots) => (Some(named), Some(Arc::clone(slots))),
+        None => {
+            let path = named.canonicalize().ok();
+            let slots = path.as_ref().and_then(|p| maps.file(p)).cloned();
+            (path, slots)
+        }
     }
 }
 

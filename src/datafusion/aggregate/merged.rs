@@ -47,7 +47,7 @@ use ::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use ::datafusion::logical_expr::EmitTo;
 use ::datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use ::datafusion::physical_plan::aggregates::AggregateExec;
-use ::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use ::datafusion::physical_plan::execution_plan::{Boundedness, ChildrenPropertiesMode, EmissionType};
 use ::datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use ::datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use ::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -749,25 +749,27 @@ impl ExecutionPlan for MphfMergedAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
         options: ReplaceChildrenOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(
-            Self::new(
-                super::with_new_input(&self.partial, children, options)?,
-                Arc::clone(&self.final_agg),
-                Arc::clone(&self.index),
-                self.key_pos,
-                self.properties.output_partitioning().partition_count(),
-            )
-            .with_placement(self.placement.clone())
-            .with_form(self.form)
-            .with_estimate(self.estimate),
-        ))
+        let mut node = Self::new(
+            super::with_new_input(&self.partial, children, options)?,
+            Arc::clone(&self.final_agg),
+            Arc::clone(&self.index),
+            self.key_pos,
+            self.properties.output_partitioning().partition_count(),
+        )
+        .with_placement(self.placement.clone())
+        .with_form(self.form)
+        .with_estimate(self.estimate);
+        // The properties depend only on the final aggregate's schema and the partition count,
+        // which new children with the same properties leave as they are: keeping the same
+        // properties lets the nodes above keep theirs too, instead of recomputing them.
+        if options.children_properties == ChildrenPropertiesMode::Keep {
+            node.properties = Arc::clone(&self.properties);
+        }
+        Ok(Arc::new(node))
     }
 
     fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        self.replace_children(
-            children,
-            ReplaceChildrenOptions::new(::datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute),
-        )
+        self.replace_children(children, ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute))
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {

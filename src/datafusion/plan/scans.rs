@@ -12,6 +12,10 @@
 //! aggregate rule, the first, starts it ([`plan_starts`], which forgets whatever an earlier
 //! plan left) and the explain rule, the last, ends it ([`plan_ends`]).
 //!
+//! A rule that only needs to know whether a scan exists (a candidate's price, which may well
+//! be a decline) asks [`scan_exists`], which answers without building the scan; the answer is
+//! kept like a scan, and a scan known not to exist is never built.
+//!
 //! Invariants:
 //! - Only inside a pass (a [`Pass`] guard alive on this thread) or a plan's optimization:
 //!   outside both, nothing is kept and every request builds its scan.
@@ -29,13 +33,22 @@ use std::sync::Arc;
 use ::datafusion::common::Result;
 use ::datafusion::physical_plan::ExecutionPlan;
 
-/// What identifies a slot scan within a pass (see the module docs).
+/// What identifies a slot scan within a pass (see the module docs), and what is known of it.
 struct Entry {
     node: Arc<dyn ExecutionPlan>,
     key: usize,
     index: u64,
     reads_key: bool,
-    scan: Option<Arc<dyn ExecutionPlan>>,
+    known: Known,
+}
+
+/// What a pass knows of the slot scan of one entry's inputs.
+#[derive(Clone)]
+enum Known {
+    /// The scan was made (`None`: there is none for these inputs).
+    Made(Option<Arc<dyn ExecutionPlan>>),
+    /// Only whether there is one was asked.
+    Exists(bool),
 }
 
 /// The pass depth on this thread, whether a plan's optimization is running, and the scans.
@@ -116,25 +129,82 @@ pub fn scan_for(
     reads_key: bool,
     make: impl FnOnce() -> Result<Option<Arc<dyn ExecutionPlan>>>,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let same = |e: &Entry| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key;
-    let (active, found) =
-        MEMO.with_borrow(|m| (m.active(), m.entries.iter().find(|e| same(e)).map(|e| e.scan.clone())));
-    if let Some(scan) = found {
-        return Ok(scan);
+    let (active, known) = known(node, key, index, reads_key);
+    match known {
+        Some(Known::Made(scan)) => return Ok(scan),
+        Some(Known::Exists(false)) => return Ok(None),
+        Some(Known::Exists(true)) | None => {}
     }
     let scan = make()?;
     if active {
-        MEMO.with_borrow_mut(|m| {
-            m.entries.push(Entry {
-                node: Arc::clone(node),
-                key,
-                index,
-                reads_key,
-                scan: scan.clone(),
-            })
-        });
+        remember(node, key, index, reads_key, Known::Made(scan.clone()));
     }
     Ok(scan)
+}
+
+/// Whether there is a slot scan replacing `node` (the inputs of [`scan_for`]): known from a
+/// scan made or an answer given earlier in this pass, else `check`'s answer, kept for the rest
+/// of the pass. `check` must answer exactly whether `make` would give a scan; it need not build
+/// one (a candidate that is declined never needs its scan).
+///
+/// # Errors
+/// `check`'s; a failure is not kept.
+pub fn scan_exists(
+    node: &Arc<dyn ExecutionPlan>,
+    key: usize,
+    index: u64,
+    reads_key: bool,
+    check: impl FnOnce() -> Result<bool>,
+) -> Result<bool> {
+    let (active, known) = known(node, key, index, reads_key);
+    match known {
+        Some(Known::Made(scan)) => return Ok(scan.is_some()),
+        Some(Known::Exists(exists)) => return Ok(exists),
+        None => {}
+    }
+    let exists = check()?;
+    if active {
+        remember(node, key, index, reads_key, Known::Exists(exists));
+    }
+    Ok(exists)
+}
+
+/// Whether the memo is active, and what it knows of these inputs' scan.
+fn known(node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool) -> (bool, Option<Known>) {
+    MEMO.with_borrow(|m| {
+        let known = m
+            .entries
+            .iter()
+            .find(|e| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key)
+            .map(|e| e.known.clone());
+        (m.active(), known)
+    })
+}
+
+/// Keeps `known` for these inputs, in place of what was known before.
+fn remember(node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool, known: Known) {
+    // Taken out first: dropping plan nodes must not run under the memo's borrow.
+    let replaced = MEMO.with_borrow_mut(|m| {
+        let at = m
+            .entries
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key);
+        let entry = Entry {
+            node: Arc::clone(node),
+            key,
+            index,
+            reads_key,
+            known,
+        };
+        match at {
+            Some(at) => Some(std::mem::replace(&mut m.entries[at], entry)),
+            None => {
+                m.entries.push(entry);
+                None
+            }
+        }
+    });
+    drop(replaced);
 }
 
 #[cfg(test)]
@@ -195,6 +265,41 @@ mod tests {
         };
         assert!(!Arc::ptr_eq(&first, &next));
         assert_eq!(built.get(), 8);
+    }
+
+    #[test]
+    fn an_answer_to_whether_a_scan_exists_is_kept_and_builds_nothing() {
+        let (mapped, unmapped) = (node(), node());
+        let (built, checked) = (Cell::new(0), Cell::new(0));
+        let make = || {
+            built.set(built.get() + 1);
+            Ok(Some(node()))
+        };
+        let check = |answer: bool| {
+            let checked = &checked;
+            move || {
+                checked.set(checked.get() + 1);
+                Ok(answer)
+            }
+        };
+        let _pass = pass();
+        // Asked twice, checked once, and nothing built.
+        assert!(scan_exists(&mapped, 0, 7, true, check(true)).unwrap());
+        assert!(scan_exists(&mapped, 0, 7, true, check(true)).unwrap());
+        assert_eq!((checked.get(), built.get()), (1, 0));
+        // A scan known to exist is built when it is wanted, once.
+        let scan = scan_for(&mapped, 0, 7, true, make).unwrap().unwrap();
+        let again = scan_for(&mapped, 0, 7, true, make).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&scan, &again));
+        assert_eq!(built.get(), 1);
+        // A scan known not to exist is not built; a scan made answers without a check.
+        assert!(!scan_exists(&unmapped, 0, 7, true, check(false)).unwrap());
+        assert!(scan_for(&unmapped, 0, 7, true, make).unwrap().is_none());
+        assert!(scan_exists(&mapped, 0, 7, true, check(false)).unwrap());
+        assert_eq!((checked.get(), built.get()), (2, 1));
+        // Another key column is another question.
+        assert!(!scan_exists(&mapped, 1, 7, true, check(false)).unwrap());
+        assert_eq!(checked.get(), 3);
     }
 
     #[test]
