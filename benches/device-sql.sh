@@ -5,7 +5,7 @@
 set -u
 BIN=${1:?mphf binary}
 OUT=${2:?output dir}
-PART=${3:-all}   # all | planning (BASE binary 4th, PROCESSES 5th) | planab (BASE binary 4th) | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | overhead | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
+PART=${3:-all}   # all | planning (BASE binary or none 4th, PROCESSES 5th) | planab (BASE binary 4th) | clustered (BASE binary 4th) | p16ab (BASE binary 4th) | p16tpch | q12why | suites4w (SUITE 4th: groupby or join) | w4ab (BASE binary 4th, SUITE 5th) | membab (BASE binary 4th) | overhead | joinsab (BASE binary 4th) | distab (BASE binary 4th) | build | sf10 | joins | joinmodel | semi | parity | coldstart | sf1 | forms | gpu | gpu10 | gpubuild | auto | auto10 | tpch10 | tpch10why | q17 | suites
 mkdir -p "$OUT"
 log() { echo "== $* ($(date +%T))" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -309,10 +309,12 @@ if [ "$PART" = planning ]; then
   # Issue 23: only the planning the MPHF rules add over Parquet on 16 partitions (`mphf bench
   # planning --parquet`), BASE and BIN alternating, PROCESSES processes each (default 3), one
   # file per binary.
-  BASE=${4:?base binary}
+  # BASE may be `none`: BIN alone.
+  BASE=${4:?base binary or none}
   PROCS=${5:-3}
+  builds=(BASE BIN); [ "$BASE" = none ] && builds=(BIN)
   for p in $(seq 1 "$PROCS"); do
-    for b in BASE BIN; do
+    for b in "${builds[@]}"; do
       log "$b: bench planning --parquet, 16 partitions, process $p"
       echo "### process $p" >> "$OUT/planning_$b.md"
       timeout 120 "${!b}" bench planning --parquet --partitions 16 --runs 31 --markdown \
