@@ -47,22 +47,23 @@ impl<K: Key + Sync + PartialEq + Debug> KeySet for [K] {
     }
 }
 
+/// A vector of keys is the slice it holds.
 impl<K: Key + Sync + PartialEq + Debug> KeySet for Vec<K> {
     fn len(&self) -> usize {
         <[K]>::len(self)
     }
     fn hash_kind(&self) -> KeyHashKind {
-        K::KIND
+        self.as_slice().hash_kind()
     }
     #[inline]
     fn hash128(&self, i: usize, seed: u64) -> Hash128 {
-        self[i].hash128(seed)
+        self.as_slice().hash128(i, seed)
     }
     fn keys_equal(&self, i: usize, j: usize) -> bool {
-        self[i] == self[j]
+        self.as_slice().keys_equal(i, j)
     }
     fn describe(&self, i: usize) -> String {
-        format!("{:?}", self[i])
+        self.as_slice().describe(i)
     }
 }
 
