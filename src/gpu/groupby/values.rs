@@ -35,7 +35,7 @@ pub fn value_kind(dt: &DataType) -> Result<ValueKind, GpuError> {
 /// Sum of the absolute unscaled values of the non-NULL rows of a decimal column (0 for other
 /// types), on one core. Below 2^63 for all of a column's parts, its values fit in i64 and no
 /// partial sum of any group can wrap (the kernels add in i64), so decimal results are exact.
-pub(super) fn decimal_abs_sum(values: &dyn Array) -> u128 {
+fn decimal_abs_sum(values: &dyn Array) -> u128 {
     let Some(d) = values.as_primitive_opt::<Decimal128Type>() else {
         return 0;
     };
@@ -81,7 +81,7 @@ pub(super) fn check_exact(pieces: &[ArrayRef]) -> Result<(), GpuError> {
 /// Writes the column's values into `out` (one u64 per row) as the kernels read them: integers
 /// and decimals (already checked by [`check_exact`]) as i64, floats as f64 bits. NULL slots are
 /// widened too; the validity masks them. One core: callers parallelize over pieces.
-pub(super) fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), GpuError> {
+fn widen_into(values: &dyn Array, out: &mut [u64]) -> Result<(), GpuError> {
     macro_rules! map {
         ($t:ty, $f:expr) => {
             for (o, v) in out.iter_mut().zip(values.as_primitive::<$t>().values().iter()) {
