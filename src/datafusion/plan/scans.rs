@@ -42,6 +42,13 @@ struct Entry {
     known: Known,
 }
 
+impl Entry {
+    /// Whether this entry is for these inputs.
+    fn is_for(&self, node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool) -> bool {
+        Arc::ptr_eq(&self.node, node) && self.key == key && self.index == index && self.reads_key == reads_key
+    }
+}
+
 /// What a pass knows of the slot scan of one entry's inputs.
 #[derive(Clone)]
 enum Known {
@@ -175,7 +182,7 @@ fn known(node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool)
         let known = m
             .entries
             .iter()
-            .find(|e| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key)
+            .find(|e| e.is_for(node, key, index, reads_key))
             .map(|e| e.known.clone());
         (m.active(), known)
     })
@@ -185,10 +192,7 @@ fn known(node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool)
 fn remember(node: &Arc<dyn ExecutionPlan>, key: usize, index: u64, reads_key: bool, known: Known) {
     // Taken out first: dropping plan nodes must not run under the memo's borrow.
     let replaced = MEMO.with_borrow_mut(|m| {
-        let at = m
-            .entries
-            .iter()
-            .position(|e| Arc::ptr_eq(&e.node, node) && e.key == key && e.index == index && e.reads_key == reads_key);
+        let at = m.entries.iter().position(|e| e.is_for(node, key, index, reads_key));
         let entry = Entry {
             node: Arc::clone(node),
             key,
